@@ -1,0 +1,82 @@
+"""The `mini` command line: `python -m mini generate ...` and `python -m mini bench ...`.
+
+Mirrors vllm/entrypoints/cli/main.py (the `vllm` command with its subcommands), reduced to the two
+subcommands a learner needs: generate text from the shipped (or a local) model, and run benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+BENCHMARKS = {
+    "engine": "mini.bench.engine",
+    "sampler": "mini.bench.sampler",
+    "attention": "mini.bench.attention",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mini", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a completion for one or more prompts")
+    gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
+    gen.add_argument("--model", default=None, help="local Hugging Face folder (default: the shipped tiny model)")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--n", type=int, default=1)
+    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--dtype", default="float32")
+    gen.add_argument("--block-size", type=int, default=16)
+    gen.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
+
+    bench = sub.add_parser("bench", help="benchmarks: engine (default), sampler, attention")
+    bench.add_argument("which", nargs="?", default="engine", choices=sorted(BENCHMARKS))
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark (see --help)")
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from mini import LLM, SamplingParams
+
+    try:
+        params = SamplingParams(
+            n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
+        )
+        llm = LLM(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+                  attention_backend=args.attention_backend)
+        outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    except (ValueError, TypeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for output in outputs:
+        for completion in output.outputs:
+            header = f"--- prompt {output.request_id}" + (f", sample {completion.index}" if args.n > 1 else "")
+            print(f"{header} (finish_reason={completion.finish_reason}, {len(completion.token_ids)} tokens)")
+            print(output.prompt + completion.text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return run_generate(args)
+    import importlib
+
+    module = importlib.import_module(BENCHMARKS[args.which])
+    module.main(args.rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

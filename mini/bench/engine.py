@@ -1,0 +1,181 @@
+"""`python -m mini bench`: mini's throughput vs transformers `generate()`, and vs the model alone.
+
+Mirrors vllm/benchmarks/throughput.py (`vllm bench throughput`, whose `--backend hf` runs the same
+workload through transformers with padded batches). One process, one workload, the two systems
+alternating round by round so machine noise hits both alike:
+
+- mini: every request added at once; the engine batches them continuously (paged KV, chunked prefill).
+- transformers: what a user would otherwise write: left-padded batches of `--hf-batch-size`, greedy
+  `generate()` with the batch's longest output length (shorter requests ride along as padding).
+- ceiling: mini's model forward passes alone, replaying the exact batches the engine ran (same
+  input_ids, positions and attention metadata) with no scheduler, sampler or bookkeeping.
+
+Throughput counts the output tokens each request asked for. The last line is
+`speedup_vs_transformers=X.XX ceiling_fraction=Y.YY` (engine time spent in the model / engine time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+def load_corpus_text(max_bytes: int = 2_000_000) -> str:
+    """The Python standard library's own source, read locally (the same text the shipped model saw)."""
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(stdlib.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        chunks.append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    return "\n".join(chunks)
+
+
+def make_workload(tokenizer, num_prompts: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int],
+                  seed: int) -> Workload:
+    """Cut `num_prompts` token windows from the corpus; lengths drawn uniformly with a fixed seed."""
+    rng = random.Random(seed)
+    corpus_ids = tokenizer.encode(load_corpus_text())
+    prompts, outs = [], []
+    for _ in range(num_prompts):
+        length = rng.randint(*prompt_lens)
+        start = rng.randrange(0, len(corpus_ids) - length)
+        prompts.append(corpus_ids[start:start + length])
+        outs.append(rng.randint(*output_lens))
+    return Workload(prompts, outs)
+
+
+def run_mini(llm, workload: Workload, record_steps: bool = False) -> tuple[float, list]:
+    """Run the workload through mini; optionally record every step's model inputs for the ceiling."""
+    from mini import SamplingParams
+
+    engine = llm.llm_engine
+    runner = engine.model_runner
+    recorded: list = []
+    start = time.perf_counter()
+    for index, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens)):
+        params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True, detokenize=False)
+        engine.add_request(f"bench-{index}-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+        if record_steps:
+            recorded.append(runner.snapshot_forward_inputs())
+    return time.perf_counter() - start, recorded
+
+
+def replay_model_only(llm, recorded: list) -> float:
+    """Time the model's forward + logits alone over the batches the engine ran."""
+    runner = llm.llm_engine.model_runner
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for step_inputs in recorded:
+            runner.replay_forward(step_inputs)
+    return time.perf_counter() - start
+
+
+def run_transformers(model, tokenizer, workload: Workload, batch_size: int) -> float:
+    """Greedy `generate()` in left-padded batches, each run to its longest requested output."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    start = time.perf_counter()
+    for first in range(0, len(workload.prompts), batch_size):
+        prompts = workload.prompts[first:first + batch_size]
+        max_new = max(workload.output_lens[first:first + batch_size])
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt):] = 1
+        with torch.inference_mode():
+            model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
+                           max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=pad_id)
+    return time.perf_counter() - start
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mini bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="local HF folder (default: the shipped tiny model)")
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; the median is reported")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-num-seqs", type=int, default=128)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM
+
+    from mini import LLM
+
+    llm = LLM(model=args.model, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+    tokenizer = llm.get_tokenizer()
+    model_dir = str(llm.llm_engine.config.model_dir)
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    workload = make_workload(tokenizer, args.num_prompts, tuple(args.prompt_len), tuple(args.output_len),
+                             args.seed)
+    print(f"workload: {args.num_prompts} prompts, {workload.num_prompt_tokens} prompt tokens, "
+          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); torch threads "
+          f"{torch.get_num_threads()}")
+
+    run_mini(llm, Workload(workload.prompts[:4], [4] * 4))  # warm-up, both systems
+    run_transformers(hf_model, tokenizer, Workload(workload.prompts[:2], [4, 4]), 2)
+
+    mini_times, hf_times, ceiling_times = [], [], []
+    for round_index in range(args.rounds):
+        mini_time, recorded = run_mini(llm, workload, record_steps=True)
+        ceiling_time = replay_model_only(llm, recorded)
+        hf_time = run_transformers(hf_model, tokenizer, workload, args.hf_batch_size)
+        mini_times.append(mini_time)
+        ceiling_times.append(ceiling_time)
+        hf_times.append(hf_time)
+        print(f"round {round_index}: mini {mini_time:.2f}s ({len(recorded)} steps), model alone "
+              f"{ceiling_time:.2f}s, transformers {hf_time:.2f}s")
+
+    tokens = workload.num_output_tokens
+    mini_time, hf_time = statistics.median(mini_times), statistics.median(hf_times)
+    ceiling_time = statistics.median(ceiling_times)
+    print(f"mini:          {tokens / mini_time:9.1f} output tok/s")
+    print(f"transformers:  {tokens / hf_time:9.1f} output tok/s  (batch {args.hf_batch_size}, padded)")
+    print(f"model alone:   {tokens / ceiling_time:9.1f} output tok/s  (ceiling: the same batches, no engine)")
+    print(f"speedup_vs_transformers={hf_time / mini_time:.2f} ceiling_fraction={ceiling_time / mini_time:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Engine configuration: every knob of `LLM(...)` in one validated dataclass.
+
+Mirrors vllm/config/ (CacheConfig, SchedulerConfig, ModelConfig), collapsed into one small dataclass:
+vLLM spreads these over several config classes joined in `VllmConfig`; a single-process teaching engine
+needs only the fields below, with the same names as vLLM's engine arguments (vllm/engine/arg_utils.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+SHIPPED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama"
+SHIPPED_DRAFT_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama-draft"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SCHEDULING_POLICIES = ("fcfs", "priority")
+ATTENTION_BACKENDS = ("torch", "triton")
+
+# Default KV budget when num_gpu_blocks_override is None: enough blocks for every sequence slot at
+# full length, capped so a big max_model_len on a laptop does not allocate gigabytes up front.
+DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass
+class EngineConfig:
+    """The engine arguments `LLM(...)` accepts (names as in vLLM's EngineArgs)."""
+
+    model: str | None = None
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = False
+    scheduling_policy: str = "fcfs"
+    num_gpu_blocks_override: int | None = None
+    skip_tokenizer_init: bool = False
+    attention_backend: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    logits_processors: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._check_positive_int("block_size", self.block_size)
+        self._check_positive_int("max_num_seqs", self.max_num_seqs)
+        self._check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_model_len is not None:
+            self._check_positive_int("max_model_len", self.max_model_len)
+        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                "long_prefill_token_threshold must be an int >= 0 (0 = no cap), "
+                f"got {self.long_prefill_token_threshold!r}"
+            )
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"
+            )
+        if self.num_gpu_blocks_override is not None and (
+            not isinstance(self.num_gpu_blocks_override, int) or self.num_gpu_blocks_override < 2
+        ):
+            raise ValueError(
+                "num_gpu_blocks_override must be an int >= 2 (block 0 is the null block), "
+                f"got {self.num_gpu_blocks_override!r}"
+            )
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS} or None, got {self.attention_backend!r}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an int, got {type(self.seed).__name__}")
+        if self.device != "cpu" and not str(self.device).startswith("cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} requested but CUDA is not available; use device='cpu'")
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
+            if self.max_num_batched_tokens < self.max_model_len:
+                raise ValueError(
+                    "with enable_chunked_prefill=False, max_num_batched_tokens "
+                    f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+                )
+
+    @staticmethod
+    def _check_positive_int(name: str, value: object) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+    @property
+    def model_dir(self) -> Path:
+        """The local folder the weights come from (the shipped tiny model when `model` is None)."""
+        if self.model is None:
+            return SHIPPED_MODEL_DIR
+        path = Path(os.path.expanduser(str(self.model)))
+        if not path.is_dir():
+            raise ValueError(
+                f"model must be None (the shipped model) or a local Hugging Face folder; "
+                f"{str(self.model)!r} is not a directory (mini never downloads weights)"
+            )
+        return path
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def resolved_attention_backend(self) -> str:
+        """torch on CPU, triton on CUDA, unless asked for explicitly."""
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "triton" if str(self.device).startswith("cuda") else "torch"

@@ -1,0 +1,110 @@
+"""Mirrors vllm/v1/core/block_pool.py: every KV block, the free queue, ref counts and the prefix cache.
+
+Block 0 is the null block (a placeholder, never handed out), so a fresh pool of `num_gpu_blocks`
+hands out blocks 1, 2, 3, ... in order. A block in use has `ref_cnt >= 1` (more than 1 when several
+requests share a cached prefix). When its count drops to 0 it goes to the TAIL of the free queue,
+but with prefix caching it keeps its hash: a later request with the same prefix can revive it
+(`touch`). Only when the block is popped from the head for reuse is its hash dropped
+(lazy eviction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
+
+class BlockPool:
+    """Owns all `KVCacheBlock`s of the cache."""
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = False) -> None:
+        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
+            raise ValueError(
+                f"num_gpu_blocks must be an int >= 2 (block 0 is the null block), got {num_gpu_blocks!r}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(block_id=i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # The null block is the first one popped, so it is never in the free queue afterwards.
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        # Prefix cache: block hash -> the block holding those tokens (in use or free-but-not-evicted).
+        self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (free, including cached blocks nobody uses)."""
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) that are in use."""
+        usable = self.num_gpu_blocks - 1
+        return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop `num_blocks` from the head of the free queue, evicting their cached hashes; ref_cnt = 1."""
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(
+                f"num_blocks must be <= the free blocks ({self.get_num_free_blocks()}), got {num_blocks}")
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            if self.enable_caching:
+                self.evict_cached_block(block)
+            assert block.ref_cnt == 0, f"block {block.block_id} was free with ref_cnt {block.ref_cnt}"
+            block.ref_cnt = 1
+        return blocks
+
+    def evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Drop the block's hash from the prefix cache (its slots are about to be overwritten)."""
+        if block.block_hash is None:
+            return False
+        if self.cached_block_hash_to_block.get(block.block_hash) is block:
+            del self.cached_block_hash_to_block[block.block_hash]
+        block.reset_hash()
+        return True
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference of each block; blocks reaching 0 join the free-queue tail in this order.
+
+        Callers pass a request's blocks in REVERSE order, so its last blocks are evicted first and
+        its prefix (the part most likely to be shared) stays cached the longest.
+        """
+        for block in ordered_blocks:
+            if block.is_null:
+                raise ValueError("the null block (block 0) is never handed out, so it cannot be freed")
+            if block.ref_cnt <= 0:
+                raise ValueError(f"double free: block {block.block_id} already has ref_cnt 0")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_block_queue.append(block)
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-cache hits; a block that was free leaves the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def cache_full_blocks(
+        self, blocks: list[KVCacheBlock], block_hashes: list[int], num_cached_blocks: int, num_full_blocks: int
+    ) -> None:
+        """Register blocks [num_cached_blocks, num_full_blocks) of a request under their chained hashes."""
+        for index in range(num_cached_blocks, num_full_blocks):
+            block = blocks[index]
+            if block.block_hash is not None:
+                continue  # already cached (a prefix hit)
+            block.block_hash = block_hashes[index]
+            # First writer wins: an identical block cached earlier stays the one hits resolve to.
+            self.cached_block_hash_to_block.setdefault(block.block_hash, block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (only allowed when no block is in use, as in vLLM)."""
+        if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
+            return False
+        self.cached_block_hash_to_block.clear()
+        for block in self.blocks:
+            block.reset_hash()
+        return True

@@ -1,0 +1,135 @@
+"""Mirrors vllm/v1/core/kv_cache_manager.py: which blocks each request holds.
+
+The scheduler talks to KV memory only through this class: `get_computed_blocks` (prefix-cache
+hits for a new request), `allocate_slots` (enough blocks for the tokens about to be computed, or
+None when the pool is too small: then the scheduler preempts someone) and `free`. A request's
+blocks always cover `request.num_computed_tokens + num_new_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+from mini.core.block_pool import BlockPool
+from mini.core.kv_cache_utils import KVCacheBlock, hash_request_blocks
+from mini.core.request import Request
+
+
+def cdiv(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
+class KVCacheManager:
+    """Block tables of all requests, on top of one `BlockPool`."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = False) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Prefix caching: how many leading blocks of each request are registered in the cache, and
+        # the chained hashes of its full blocks (extended as the request grows).
+        self.num_cached_block: dict[str, int] = {}
+        self.req_to_block_hashes: dict[str, list[int]] = {}
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` token slots."""
+        return cdiv(num_tokens, self.block_size)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        return list(self.req_to_blocks.get(request_id, []))
+
+    def _block_hashes(self, request: Request) -> list[int]:
+        hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
+        return hash_request_blocks(request.all_token_ids, self.block_size, hashes)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest run of cached leading blocks, and how many tokens they hold.
+
+        The block holding the request's LAST token is never a hit: at least one token must be
+        computed to get logits for the next one. Nothing changes here (no ref counts): the hits
+        only become the request's when `allocate_slots` accepts them.
+        """
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in self._block_hashes(request)[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+    ) -> list[KVCacheBlock] | None:
+        """Grow the request's blocks to hold its computed tokens, the prefix hits and `num_new_tokens`.
+
+        Returns the newly allocated blocks (maybe []), or None, with nothing changed, when the pool
+        has too few free blocks.
+        """
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        new_computed_blocks = list(new_computed_blocks or [])
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_need_slot = num_computed_tokens + num_new_tokens
+        num_blocks_to_allocate = max(
+            0, self.num_blocks_needed(num_tokens_need_slot) - len(req_blocks) - len(new_computed_blocks))
+        # Hits that sit in the free queue stop being free once touched.
+        num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        if num_blocks_to_allocate > self.block_pool.get_num_free_blocks() - num_evictable_hits:
+            if not req_blocks:
+                del self.req_to_blocks[request.request_id]
+            return None
+
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_blocks_to_allocate)
+        req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            # Cache every block whose tokens are all known (vLLM caches at schedule time: the KV of
+            # these tokens is written in this step's forward pass, before anyone can read it).
+            num_tokens_to_cache = min(num_tokens_need_slot, request.num_tokens)
+            num_full_blocks = num_tokens_to_cache // self.block_size
+            num_cached = self.num_cached_block.get(request.request_id, 0)
+            if num_full_blocks > num_cached:
+                hashes = self._block_hashes(request)
+                self.block_pool.cache_full_blocks(req_blocks, hashes, num_cached, num_full_blocks)
+                self.num_cached_block[request.request_id] = num_full_blocks
+        return new_blocks
+
+    def free(self, request: Request | str) -> None:
+        """Release the request's blocks, last block first (so the tail is evicted first). Idempotent."""
+        request_id = request if isinstance(request, str) else request.request_id
+        blocks = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_block.pop(request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def uncache_uncomputed_blocks(self, request: Request) -> None:
+        """Drop the hashes of blocks whose tokens are not all computed yet.
+
+        Blocks are cached when they are scheduled. If a request is preempted in the same step,
+        after it was scheduled, its new blocks were never written: they must not become hits.
+        """
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        for block in blocks[request.num_computed_tokens // self.block_size:]:
+            self.block_pool.evict_cached_block(block)
+
+    def forget_request(self, request_id: str) -> None:
+        """Drop per-request hash bookkeeping once the request is finished for good."""
+        self.req_to_block_hashes.pop(request_id, None)

@@ -1,0 +1,133 @@
+"""Mirrors vllm/v1/request.py: one generation request as the scheduler sees it.
+
+A `Request` is the engine core's record of a sequence: its prompt, the tokens sampled so far, how
+many of its tokens already have KV in the cache (`num_computed_tokens`) and where it is in its life
+(`status`). The scheduler never distinguishes "prefill" from "decode": it only compares
+`num_tokens` with `num_computed_tokens`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mini.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Life cycle of a request. Every status after PREEMPTED is a finished one (as in vLLM)."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: RequestStatus) -> str | None:
+        return _FINISHED_REASONS.get(status)
+
+
+_FINISHED_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """A prompt plus its generated tokens, with the bookkeeping the scheduler needs."""
+
+    __slots__ = (
+        "all_token_ids",
+        "arrival_time",
+        "eos_token_id",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "output_token_ids",
+        "priority",
+        "prompt_token_ids",
+        "request_id",
+        "sampling_params",
+        "status",
+        "stop_reason",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if len(prompt_token_ids) == 0:
+            raise ValueError("prompt_token_ids must hold at least one token, got an empty prompt")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None
+        # Prefix-cache hit length the first time the request was scheduled (-1: not scheduled yet).
+        self.num_cached_tokens = -1
+
+    @classmethod
+    def from_engine_core_request(cls, core_request: Any) -> Request:
+        """Build from the input processor's EngineCoreRequest (read by attribute name)."""
+        return cls(
+            request_id=core_request.request_id,
+            prompt_token_ids=core_request.prompt_token_ids,
+            sampling_params=core_request.sampling_params,
+            eos_token_id=getattr(core_request, "eos_token_id", None),
+            arrival_time=getattr(core_request, "arrival_time", None),
+            priority=getattr(core_request, "priority", 0) or 0,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return getattr(self.sampling_params, "max_tokens", None)
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        new_ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
+        self.output_token_ids.extend(new_ids)
+        self.all_token_ids.extend(new_ids)
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def get_finished_reason(self) -> str | None:
+        return RequestStatus.get_finished_reason(self.status)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens})")

@@ -1,0 +1,111 @@
+"""Mirrors vllm/v1/core/sched/output.py: what the scheduler tells the model runner each step.
+
+New requests (and requests resumed after preemption) are sent in full once, as `NewRequestData`;
+requests the runner already knows are sent as a diff in `CachedRequestData` (only the blocks added
+this step). `num_computed_tokens` is the count BEFORE this step: the runner computes tokens
+`num_computed_tokens .. num_computed_tokens + num_scheduled_tokens[req_id] - 1`.
+
+`EngineCoreOutput` (vLLM keeps it in vllm/v1/engine/__init__.py) is what `update_from_output`
+returns for the output processor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mini.core.request import Request
+    from mini.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    # Tokens sampled so far: empty for a brand-new request, non-empty for one resumed after preemption.
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+    @classmethod
+    def from_request(cls, request: Request, block_ids: list[int], num_computed_tokens: int) -> NewRequestData:
+        return cls(
+            req_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            output_token_ids=list(request.output_token_ids),
+            sampling_params=request.sampling_params,
+            block_ids=list(block_ids),
+            num_computed_tokens=num_computed_tokens,
+        )
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)  # blocks appended this step
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Finished, aborted or preempted since the last step: the runner drops their state.
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+    # Requests that got only part of their remaining prompt this step (a chunked prefill).
+    partial_prefill_req_ids: set[str] = field(default_factory=set)
+    step: int = 0
+
+    @property
+    def num_scheduled_reqs(self) -> int:
+        return len(self.num_scheduled_tokens)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None      # "stop" | "length" | "abort" | None
+    stop_reason: int | str | None = None  # the stop token id that ended the request, if any
+    new_logprobs: Any = None              # one {token_id: logprob} dict per new token, or None
+    new_prompt_logprobs: Any = None
+    num_cached_tokens: int = 0            # prefix-cache hit length when the request was first scheduled
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class SchedulerEvent:
+    """One entry of the optional event log (`Scheduler.record = True`): kind is
+    "schedule" | "alloc" | "preempt" | "finish"."""
+
+    kind: str
+    step: int
+    req_id: str
+    data: Any = None
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """A snapshot of one `schedule()` call for widgets to replay (only when `Scheduler.record`)."""
+
+    step: int
+    num_scheduled_tokens: dict[str, int]
+    partial_prefill_req_ids: set[str]
+    preempted_req_ids: set[str]
+    finished_req_ids: set[str]
+    block_ids: dict[str, list[int]]       # every running request's block table after scheduling
+    num_computed_tokens: dict[str, int]   # before this step
+    free_block_ids: list[int]             # the free queue, head (next to evict) first
+    waiting_req_ids: list[str]

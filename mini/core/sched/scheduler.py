@@ -1,0 +1,292 @@
+"""Mirrors vllm/v1/core/sched/scheduler.py: the continuous-batching scheduler.
+
+There are no prefill and decode phases. Every request wants `num_tokens - num_computed_tokens`
+more tokens computed (the whole prompt at first, 1 per step while decoding), and each step hands
+out at most `max_num_batched_tokens` of them:
+
+1. RUNNING requests first, in order. If the KV pool cannot hold a request's new tokens, preempt a
+   victim (FCFS: the most recently admitted; priority: the worst (priority, arrival_time)), free
+   its blocks, send it back to the front of the waiting queue, and retry.
+2. Then, only if nobody was preempted, WAITING requests, while budget and `max_num_seqs` allow,
+   starting after their prefix-cache hits.
+
+A chunked prefill is simply a request granted fewer tokens than it wants.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mini.core.kv_cache_manager import KVCacheManager
+from mini.core.request import Request, RequestStatus
+from mini.core.sched.output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    NewRequestData,
+    SchedulerEvent,
+    SchedulerOutput,
+    StepRecord,
+)
+from mini.core.sched.record import make_step_record
+from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from mini.core.sched.utils import check_stop
+
+if TYPE_CHECKING:
+    from mini.config import EngineConfig
+
+
+class Scheduler:
+    """Decides, every step, which requests run and how many tokens each one computes."""
+
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager) -> None:
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_running_reqs = config.max_num_seqs
+        self.max_num_scheduled_tokens = config.max_num_batched_tokens
+        max_model_len = getattr(config, "max_model_len", None)
+        self.max_model_len = max_model_len if max_model_len is not None else 1 << 62
+        # The most tokens one request can ever hold: the whole pool (minus the null block). A
+        # request that would outgrow it is finished with "length" instead of waiting forever.
+        pool_tokens = (kv_cache_manager.block_pool.num_gpu_blocks - 1) * kv_cache_manager.block_size
+        self.max_request_len = min(self.max_model_len, pool_tokens)
+        self.enable_chunked_prefill = config.enable_chunked_prefill
+        # A cap on one request's tokens per step; it only means something with chunked prefill.
+        threshold = config.long_prefill_token_threshold or 0
+        self.long_prefill_token_threshold = threshold if self.enable_chunked_prefill else 0
+        self.policy = SchedulingPolicy.parse(config.scheduling_policy)
+
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(self.policy)
+        self.running: list[Request] = []
+        # Finished / aborted / preempted since the last schedule(): told to the runner next step.
+        self.finished_req_ids: set[str] = set()
+        self.step_index = 0
+        self.num_preemptions_total = 0
+        # Optional logs for widgets and tests (cheap: nothing is recorded unless record is True).
+        self.record = False
+        self.events: list[SchedulerEvent] = []
+        self.step_records: list[StepRecord] = []
+
+    # ------------------------------------------------------------------ requests in and out
+    def add_request(self, request: Request) -> None:
+        """Queue a request. Raises ValueError (changing nothing) if it could never be scheduled."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        if request.num_tokens > self.max_request_len:
+            raise ValueError(
+                f"prompt_token_ids has {request.num_tokens} tokens; at most {self.max_request_len} fit "
+                f"(max_model_len={self.max_model_len}, KV pool capacity "
+                f"{(self.kv_cache_manager.block_pool.num_gpu_blocks - 1) * self.kv_cache_manager.block_size})")
+        self.requests[request.request_id] = request
+        self.waiting.add_request(request)
+
+    def finish_requests(self, request_ids: str | list[str], finished_status: RequestStatus) -> None:
+        """Finish requests from outside (abort, stop string); unknown or finished ids are ignored."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"finished_status must be a FINISHED_* status, got {finished_status!r}")
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        for request_id in ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished():
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove_request(request)
+            request.status = finished_status
+            self._free_request(request)
+
+    def _free_request(self, request: Request) -> None:
+        self._log("free", request.request_id, self.kv_cache_manager.get_block_ids(request.request_id))
+        self.kv_cache_manager.free(request)
+        self.kv_cache_manager.forget_request(request.request_id)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+        self._log("finish", request.request_id, request.get_finished_reason())
+
+    def has_unfinished_requests(self) -> bool:
+        return len(self.running) + len(self.waiting) > 0
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # ------------------------------------------------------------------ schedule
+    def _cap_new_tokens(self, num_new_tokens: int, num_computed_tokens: int, token_budget: int) -> int:
+        """How many of the wanted tokens a request gets: threshold, budget and length caps."""
+        if 0 < self.long_prefill_token_threshold < num_new_tokens:
+            num_new_tokens = self.long_prefill_token_threshold
+        num_new_tokens = min(num_new_tokens, token_budget)
+        # Never place a token at a position >= max_model_len (or beyond what the pool can hold).
+        return max(0, min(num_new_tokens, self.max_request_len - num_computed_tokens))
+
+    def _pick_victim(self) -> Request:
+        if self.policy is SchedulingPolicy.PRIORITY:
+            # Worst (priority, arrival_time); on a tie the most recently admitted, so the request at
+            # the head of `running` always makes progress (no livelock between equal requests).
+            return max(reversed(self.running), key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._log("free", request.request_id, self.kv_cache_manager.get_block_ids(request.request_id))
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.finished_req_ids.add(request.request_id)
+        self.waiting.prepend_request(request)
+        self._log("preempt", request.request_id, request.num_preemptions)
+
+    def schedule(self) -> SchedulerOutput:
+        token_budget = self.max_num_scheduled_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        preempted: list[Request] = []
+
+        # 1. Running requests, oldest first.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = self._cap_new_tokens(
+                request.num_tokens - request.num_computed_tokens, request.num_computed_tokens, token_budget)
+            if num_new_tokens == 0:
+                req_index += 1
+                continue
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_victim()
+                if victim in scheduled_running:
+                    # Priority policy can pick a request already scheduled this step: undo that.
+                    scheduled_running.remove(victim)
+                    token_budget += num_scheduled_tokens.pop(victim.request_id)
+                    new_block_ids.pop(victim.request_id)
+                    self.kv_cache_manager.uncache_uncomputed_blocks(victim)
+                if self.running.index(victim) < req_index:
+                    req_index -= 1
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break  # the request preempted itself: nothing else fits
+            scheduled_running.append(request)
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            new_block_ids[request.request_id] = [block.block_id for block in new_blocks]
+            token_budget -= num_new_tokens
+            req_index += 1
+            if new_blocks:
+                self._log("alloc", request.request_id, new_block_ids[request.request_id])
+
+        # 2. Waiting requests, only when nobody was preempted this step.
+        if not preempted:
+            while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
+                request = self.waiting.peek_request()
+                hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+                num_new_tokens = request.num_tokens - num_hit_tokens
+                if not self.enable_chunked_prefill and num_new_tokens > token_budget:
+                    break
+                num_new_tokens = self._cap_new_tokens(num_new_tokens, num_hit_tokens, token_budget)
+                if num_new_tokens == 0:
+                    break
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request, num_new_tokens, num_hit_tokens, hit_blocks)
+                if new_blocks is None:
+                    break
+                self.waiting.pop_request()
+                self.running.append(request)
+                scheduled_new.append(request)
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_hit_tokens
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_hit_tokens
+                num_scheduled_tokens[request.request_id] = num_new_tokens
+                token_budget -= num_new_tokens
+                self._log("alloc", request.request_id, self.kv_cache_manager.get_block_ids(request.request_id))
+
+        scheduler_output = self._make_output(scheduled_new, scheduled_running, num_scheduled_tokens,
+                                             new_block_ids, preempted)
+        # Advance the counters now, as vLLM's _update_after_schedule: the next schedule() may run
+        # before these tokens' outputs come back.
+        for request_id, num_tokens in num_scheduled_tokens.items():
+            self.requests[request_id].num_computed_tokens += num_tokens
+        self.finished_req_ids = set()
+        self.step_index += 1
+        return scheduler_output
+
+    def _make_output(self, scheduled_new: list[Request], scheduled_running: list[Request],
+                     num_scheduled_tokens: dict[str, int], new_block_ids: dict[str, list[int]],
+                     preempted: list[Request]) -> SchedulerOutput:
+        manager = self.kv_cache_manager
+        new_reqs = [NewRequestData.from_request(r, manager.get_block_ids(r.request_id), r.num_computed_tokens)
+                    for r in scheduled_new]
+        cached_reqs = CachedRequestData(
+            req_ids=[r.request_id for r in scheduled_running],
+            new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
+            num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+        )
+        partial = {req_id for req_id, n in num_scheduled_tokens.items()
+                   if self.requests[req_id].num_computed_tokens + n < self.requests[req_id].num_tokens}
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=set(self.finished_req_ids),
+            preempted_req_ids={r.request_id for r in preempted},
+            partial_prefill_req_ids=partial,
+            step=self.step_index,
+        )
+        if self.record:
+            for req_id, num_tokens in num_scheduled_tokens.items():
+                self._log("schedule", req_id, num_tokens)
+            self.step_records.append(make_step_record(self, output))
+        return output
+
+    # ------------------------------------------------------------------ results of a step
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any
+                           ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, run stop checks, free finished requests at once."""
+        outputs: list[EngineCoreOutput] = []
+        stopped: set[Request] = set()
+        sampled = model_runner_output.sampled_token_ids
+        logprobs = getattr(model_runner_output, "logprobs", None)
+        prompt_logprobs = getattr(model_runner_output, "prompt_logprobs", None) or {}
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted (or otherwise finished) after it was scheduled
+            req_index = model_runner_output.req_id_to_index[request_id]
+            new_token_ids = list(sampled[req_index]) if sampled else []
+            is_stopped = False
+            for position, token_id in enumerate(new_token_ids):
+                request.append_output_token_ids(int(token_id))
+                if check_stop(request, self.max_request_len):
+                    is_stopped = True
+                    new_token_ids = new_token_ids[:position + 1]
+                    break
+            new_logprobs = None
+            if logprobs is not None and logprobs[req_index] is not None and new_token_ids:
+                new_logprobs = list(logprobs[req_index])[:len(new_token_ids)]
+            new_prompt_logprobs = prompt_logprobs.get(request_id)
+            if is_stopped:
+                stopped.add(request)
+                self._free_request(request)
+            if new_token_ids or is_stopped or new_prompt_logprobs:
+                outputs.append(EngineCoreOutput(
+                    request_id=request_id, new_token_ids=new_token_ids,
+                    finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
+                    new_logprobs=new_logprobs, new_prompt_logprobs=new_prompt_logprobs,
+                    num_cached_tokens=max(request.num_cached_tokens, 0)))
+        if stopped:
+            self.running = [r for r in self.running if r not in stopped]
+        return outputs
+
+    # ------------------------------------------------------------------ optional recording
+    def _log(self, kind: str, req_id: str, data: Any = None) -> None:
+        if self.record:
+            self.events.append(SchedulerEvent(kind, self.step_index, req_id, data))

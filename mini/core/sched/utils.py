@@ -1,0 +1,31 @@
+"""Mirrors vllm/v1/core/sched/utils.py: check_stop, run after each sampled token."""
+
+from __future__ import annotations
+
+from mini.core.request import Request, RequestStatus
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Decide whether the token just appended ends the request; set its status (and stop_reason).
+
+    EOS and stop_token_ids count only once `min_tokens` outputs exist (as vLLM). The length limits
+    (max_tokens, max_model_len) always apply, so a request never grows beyond max_model_len.
+    """
+    params = request.sampling_params
+    if request.num_output_tokens >= (getattr(params, "min_tokens", 0) or 0):
+        last_token_id = request.output_token_ids[-1]
+        eos_token_id = request.eos_token_id
+        if eos_token_id is None:
+            eos_token_id = getattr(params, "eos_token_id", None)
+        if not getattr(params, "ignore_eos", False) and eos_token_id is not None and last_token_id == eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last_token_id in (getattr(params, "stop_token_ids", None) or ()):
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last_token_id
+            return True
+    max_tokens = request.max_tokens
+    if request.num_tokens >= max_model_len or (max_tokens is not None and request.num_output_tokens >= max_tokens):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

@@ -1,0 +1,89 @@
+"""Mirrors vllm/v1/engine/parallel_sampling.py: `n > 1` as n independent child requests.
+
+The engine core only knows requests that produce one sequence. A request with `n` samples becomes n
+children with ids f"{index}_{parent_id}" and params n=1 (seed + index when the parent is seeded, so
+the samples differ but stay reproducible). The children share the prompt, so with prefix caching on
+their prompt KV blocks are shared too. `ParentRequest` collects the children's CompletionOutputs back
+into one RequestOutput under the parent's id, finished when every child has finished.
+
+Output kinds: DELTA returns each child's new piece as it comes (as vLLM); FINAL_ONLY returns all n
+outputs once, at the end (as vLLM); CUMULATIVE returns the latest full output of every child that
+has produced one, sorted by index (vLLM returns only the updated child; mini aggregates so that one
+RequestOutput always shows the whole request).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mini.engine.core_request import EngineCoreRequest
+from mini.outputs import CompletionOutput
+from mini.sampling_params import RequestOutputKind, SamplingParams
+
+
+def child_request_id(index: int, parent_request_id: str) -> str:
+    return f"{index}_{parent_request_id}"
+
+
+class ParentRequest:
+    """State of one parallel-sampling request: its children and their latest outputs."""
+
+    def __init__(self, request: EngineCoreRequest) -> None:
+        self.request_id = request.request_id
+        self.sampling_params = request.sampling_params
+        self.child_requests: set[str] = set()          # children not finished yet
+        self.latest_outputs: list[CompletionOutput | None] = [None] * self.sampling_params.n
+
+    @property
+    def n(self) -> int:
+        return self.sampling_params.n
+
+    def child_sampling_params(self, index: int) -> SamplingParams:
+        params = self.sampling_params.clone()
+        params.n = 1
+        if params.seed is not None:
+            params.seed = params.seed + index
+        return params
+
+    def get_child_info(self, index: int) -> tuple[str, SamplingParams]:
+        """Register child `index`; return its request id and sampling params."""
+        child_id = child_request_id(index, self.request_id)
+        self.child_requests.add(child_id)
+        return child_id, self.child_sampling_params(index)
+
+    def get_outputs(
+        self, child_id: str, completion_output: CompletionOutput
+    ) -> tuple[list[CompletionOutput], bool]:
+        """Fold one child's new output in -> (outputs to show now, whole request finished?)."""
+        already_reported_finished = False
+        if completion_output.finished():
+            if child_id in self.child_requests:
+                self.child_requests.remove(child_id)
+            else:
+                already_reported_finished = True
+        self.latest_outputs[completion_output.index] = completion_output
+        finished = not self.child_requests
+        kind = self.sampling_params.output_kind
+        if kind == RequestOutputKind.DELTA:
+            outputs = [] if already_reported_finished else [completion_output]
+        elif kind == RequestOutputKind.FINAL_ONLY:
+            outputs = [] if not finished else [o for o in self.latest_outputs if o is not None]
+        else:
+            outputs = [o for o in self.latest_outputs if o is not None]
+        return outputs, finished
+
+
+def fan_out(request: EngineCoreRequest) -> tuple[ParentRequest | None, list[EngineCoreRequest]]:
+    """Split a request into what the engine core runs: itself (n == 1) or n children (n > 1).
+
+    Use: `parent, reqs = fan_out(req)`; then for each (index, child) in enumerate(reqs):
+    `output_processor.add_request(child, parent, index)` and give `child` to the scheduler.
+    """
+    if request.sampling_params.n == 1:
+        return None, [request]
+    parent = ParentRequest(request)
+    children = []
+    for index in range(parent.n):
+        child_id, child_params = parent.get_child_info(index)
+        children.append(dataclasses.replace(request, request_id=child_id, sampling_params=child_params))
+    return parent, children

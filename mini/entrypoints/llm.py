@@ -1,0 +1,140 @@
+"""`LLM`: offline batched generation, the class most people meet first.
+
+Mirrors vllm/entrypoints/llm.py. Like vLLM's, `generate()` adds every prompt to the engine, then steps
+the engine until all of them finish, and returns the outputs in prompt order. The constructor takes
+the same keyword names as vLLM's engine arguments (the subset mini implements).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mini.config import EngineConfig
+from mini.engine.llm_engine import LLMEngine
+from mini.outputs import RequestOutput
+from mini.sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any]
+
+
+class LLM:
+    """An LLM for offline inference: `LLM(model=None).generate(prompts, SamplingParams(...))`."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        block_size: int = 16,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        max_model_len: int | None = None,
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        enable_prefix_caching: bool = False,
+        scheduling_policy: str = "fcfs",
+        num_gpu_blocks_override: int | None = None,
+        skip_tokenizer_init: bool = False,
+        attention_backend: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        seed: int = 0,
+        logits_processors: Sequence[type] | None = None,
+    ) -> None:
+        config = EngineConfig(
+            model=model,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            enable_prefix_caching=enable_prefix_caching,
+            scheduling_policy=scheduling_policy,
+            num_gpu_blocks_override=num_gpu_blocks_override,
+            skip_tokenizer_init=skip_tokenizer_init,
+            attention_backend=attention_backend,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            logits_processors=list(logits_processors or []),
+        )
+        self.llm_engine = LLMEngine(config)
+        self.request_counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate completions for every prompt; outputs come back in prompt order.
+
+        Every prompt is validated before any is queued, so a bad prompt raises and leaves the
+        engine exactly as it was.
+        """
+        prompt_list = self._as_prompt_list(prompts)
+        params_list = self._broadcast("sampling_params", sampling_params, len(prompt_list), SamplingParams())
+        priority_list = self._broadcast("priority", priority, len(prompt_list), 0)
+        if priority_list and self.llm_engine.config.scheduling_policy != "priority":
+            if any(p != 0 for p in priority_list):
+                raise ValueError("priority is only supported with scheduling_policy='priority'")
+
+        engine = self.llm_engine
+        for index, (prompt, params, prio) in enumerate(zip(prompt_list, params_list, priority_list)):
+            try:  # validate everything first: nothing is queued if one prompt is bad
+                engine.input_processor.process(f"validate-{index}", prompt, params, 0.0, prio)
+            except (ValueError, TypeError) as error:
+                raise type(error)(f"prompt {index}: {error}") from None
+
+        request_ids = []
+        for prompt, params, prio in zip(prompt_list, params_list, priority_list):
+            request_id = str(next(self.request_counter))
+            engine.add_request(request_id, prompt, params, priority=prio)
+            request_ids.append(request_id)
+        return self._run_engine(request_ids, use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        wanted = set(request_ids)
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
+        num_output_tokens = 0
+        with bar:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished and output.request_id in wanted:
+                        finished[output.request_id] = output
+                        num_output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        elapsed = bar.format_dict["elapsed"] or 1e-9
+                        bar.set_postfix_str(f"output: {num_output_tokens / elapsed:.1f} toks/s", refresh=False)
+                        bar.update(1)
+        return [finished[request_id] for request_id in request_ids]
+
+    @staticmethod
+    def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
+            raise TypeError(
+                "prompts must be a str, a {'prompt_token_ids': [...]} dict, or a list of those; "
+                f"got {type(prompts).__name__}"
+            )
+        return list(prompts)
+
+    @staticmethod
+    def _broadcast(name: str, value: Any, count: int, default: Any) -> list:
+        if value is None:
+            return [default] * count
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            if len(value) != count:
+                raise ValueError(f"{name} must be one value or a list of {count} (one per prompt), got {len(value)}")
+            return list(value)
+        return [value] * count

@@ -1,0 +1,239 @@
+"""Llama / Qwen2 / Qwen3 decoder running on the paged KV cache (one file, flags for the variants).
+
+Mirrors vllm/model_executor/models/llama.py (with the Qwen2 and Qwen3 differences of qwen2.py and
+qwen3.py folded in as flags). Like vLLM's models, `forward` takes a FLAT batch: `input_ids` and
+`positions` of all scheduled tokens of all requests back to back, no padding, plus one KV cache
+tensor per layer and the attention metadata that says which rows belong to which request.
+
+Variants:
+  llama  - optional `attention_bias` on q/k/v/o, optional `mlp_bias`, RoPE ("default" / "llama3").
+  qwen2  - bias on q/k/v (not o).
+  qwen3  - per-head RMSNorm on q and k before RoPE (`q_norm`, `k_norm`), `head_dim` from the config.
+
+Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so loading
+a checkpoint is a name-for-name copy (mini/model/loader.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from mini.attention import get_attention_backend
+from mini.model.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(slots=True)
+class DecoderConfig:
+    """The architecture numbers the decoder needs, read from a Hugging Face config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_parameters: dict[str, Any]
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> DecoderConfig:
+        """From a transformers `PretrainedConfig` or the plain dict of a `config.json`."""
+        cfg = _AttrView(hf_config) if isinstance(hf_config, dict) else hf_config
+        model_type = getattr(cfg, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {model_type!r}")
+        if getattr(cfg, "use_sliding_window", False):
+            raise ValueError("use_sliding_window must be False: sliding-window attention is not supported")
+        num_heads = int(cfg.num_attention_heads)
+        attention_bias = bool(getattr(cfg, "attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(cfg.vocab_size),
+            hidden_size=int(cfg.hidden_size),
+            intermediate_size=int(cfg.intermediate_size),
+            num_hidden_layers=int(cfg.num_hidden_layers),
+            num_attention_heads=num_heads,
+            num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or num_heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads),
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            rope_parameters=rope_parameters_from_config(cfg),
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            qkv_bias=True if model_type == "qwen2" else attention_bias,
+            o_bias=False if model_type == "qwen2" else attention_bias,
+            mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+        )
+
+
+class _AttrView:
+    """Attribute access on a config dict (missing keys read as None, like `getattr(cfg, k, None)`)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        return self._data.get(name)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 like Hugging Face's LlamaRMSNorm."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(input_dtype)
+
+
+class LlamaMLP(nn.Module):
+    """SiLU-gated MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaAttention(nn.Module):
+    """q/k/v projections, (Qwen3: per-head norms), RoPE, paged KV write + read, output projection."""
+
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: ModuleType) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.backend = backend
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        query = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
+        key = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        value = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            query, key = self.q_norm(query), self.k_norm(key)
+        cos, sin = cos_sin
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        # Looked up on the backend module at call time, so mini.labs.plug(...) can swap them.
+        self.backend.store_kv(key, value, kv_cache, attn_metadata.slot_mapping)
+        out = self.backend.paged_attention(query, kv_cache, attn_metadata, self.scaling)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: ModuleType) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, backend)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden, cos_sin, kv_cache, attn_metadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos_sin, kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: DecoderConfig, backend: ModuleType) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, idx, backend) for idx in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_parameters)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos_sin = self.rotary_emb.cos_sin(positions, hidden.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, cos_sin, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder + LM head. `forward` returns hidden states; `compute_logits` turns chosen rows into logits."""
+
+    def __init__(self, hf_config: Any, attention_backend: str = "torch") -> None:
+        super().__init__()
+        self.config = DecoderConfig.from_hf_config(hf_config)
+        self.attention_backend = attention_backend
+        backend = get_attention_backend(attention_backend)
+        self.model = LlamaModel(self.config, backend)
+        self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """With `tie_word_embeddings`, the LM head IS the embedding matrix (one shared parameter)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def set_attention_backend(self, name: str) -> None:
+        """Switch every layer to backend `name` ("torch" or "triton")."""
+        backend = get_attention_backend(name)
+        self.attention_backend = name
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        """Flat batch `input_ids`/`positions` `[T]` -> final hidden states `[T, hidden_size]`."""
+        if len(kv_caches) != self.config.num_hidden_layers:
+            raise ValueError(
+                f"kv_caches must hold one tensor per layer ({self.config.num_hidden_layers}), got {len(kv_caches)}"
+            )
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[N, hidden_size]` -> float32 logits `[N, vocab_size]`."""
+        return self.lm_head(hidden).float()
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
+        """Shape of ONE layer's cache (contract): `[2, num_blocks, block_size, num_kv_heads, head_size]`."""
+        return (2, num_blocks, block_size, self.config.num_key_value_heads, self.config.head_dim)

@@ -1,0 +1,122 @@
+"""Load a Hugging Face Llama / Qwen2 / Qwen3 checkpoint from a LOCAL folder (never the hub).
+
+Mirrors vllm/model_executor/model_loader/default_loader.py (find the *.safetensors files, single or
+sharded through model.safetensors.index.json, and stream their tensors into the model) and
+weight_utils.py (`safetensors_weights_iterator`). mini's parameter names equal the checkpoint's, so
+each tensor is copied into the parameter of the same name; a tied `lm_head.weight` may be absent.
+
+`load_model` returns `(model, hf_config)` where `hf_config` is the transformers `PretrainedConfig`
+read by `AutoConfig.from_pretrained(model_dir)` from the folder's config.json (offline).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from mini.model.llama import LlamaForCausalLM
+
+DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHARD_INDEX_FILE = "model.safetensors.index.json"
+# Buffers some old checkpoints saved; mini recomputes them.
+IGNORED_CHECKPOINT_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_model(
+    model_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    attention_backend: str = "torch",
+) -> tuple[LlamaForCausalLM, Any]:
+    """Build the model described by `model_dir/config.json` and fill it from its safetensors files."""
+    folder = Path(model_dir)
+    torch_dtype = resolve_dtype(dtype)
+    if not folder.is_dir():
+        raise ValueError(f"model_dir must be an existing local folder, got {str(folder)!r}")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model_dir {str(folder)!r} has no config.json (need a Hugging Face model folder)")
+    hf_config = read_hf_config(folder)
+    if getattr(hf_config, "quantization_config", None):
+        raise ValueError("quantized checkpoints are not supported (config.json has quantization_config)")
+    weight_files = find_safetensors_files(folder)
+
+    with torch.device("meta"):  # no time spent on random init: every tensor comes from the checkpoint
+        model = LlamaForCausalLM(hf_config, attention_backend=attention_backend)
+    model.to(torch_dtype)
+    model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives each module its own storage; share the tied weight again
+    load_weights(model, iterate_checkpoint(weight_files))
+    return model.eval(), hf_config
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES_BY_NAME.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES_BY_NAME:
+        return DTYPES_BY_NAME[dtype]
+    raise ValueError(f"dtype must be one of {tuple(DTYPES_BY_NAME)} (or the torch dtype), got {dtype!r}")
+
+
+def read_hf_config(folder: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(folder), local_files_only=True)
+
+
+def find_safetensors_files(folder: Path) -> list[Path]:
+    """The shards listed in model.safetensors.index.json, else every *.safetensors file in the folder."""
+    index_path = folder / SHARD_INDEX_FILE
+    if index_path.is_file():
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [str(path.name) for path in files if not path.is_file()]
+        if missing:
+            raise ValueError(f"{SHARD_INDEX_FILE} in {str(folder)!r} lists missing shard files: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model_dir {str(folder)!r} has no *.safetensors weights (mini reads safetensors only)")
+    return files
+
+
+def iterate_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of every file, one at a time (on the CPU)."""
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as shard:
+            for name in shard.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, shard.get_tensor(name)
+
+
+def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Copy each checkpoint tensor into the parameter with the same name; check nothing is left out."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for name, tensor in weights:
+        if name.endswith(IGNORED_CHECKPOINT_SUFFIXES):
+            continue
+        if name not in params:
+            unexpected.append(name)
+            continue
+        param = params[name]
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, model expects "
+                             f"{tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor.to(param.dtype))
+        loaded.add(name)
+    if unexpected:
+        raise ValueError(f"checkpoint has tensors the model does not know: {unexpected[:5]}")
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    if tied and "model.embed_tokens.weight" in loaded:
+        loaded.add("lm_head.weight")
+    if tied and "lm_head.weight" in loaded:
+        loaded.add("model.embed_tokens.weight")
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint is missing model weights: {missing[:5]}")

@@ -1,0 +1,150 @@
+"""Mirrors vllm/v1/sample/logits_processor/builtin.py: min-p, logit bias and min-tokens.
+
+Each keeps a sparse `{row: setting}` dict (only the requests that use it), follows the batch with
+`process_dict_updates`, and rebuilds small index tensors only when the dict changed, so `apply` is a
+few vectorized ops, or a no-op when no row uses the processor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mini.sample.logits_processor.interface import BatchUpdate, LogitsProcessor, LogitsProcessorConfig
+from mini.sample.logits_processor.state import process_dict_updates
+
+if TYPE_CHECKING:
+    from mini.sampling_params import SamplingParams
+
+
+def stop_token_ids_of(params: SamplingParams) -> set[int]:
+    """stop_token_ids plus EOS: what min_tokens must hold back."""
+    all_stop = getattr(params, "all_stop_token_ids", None)
+    if all_stop is not None:
+        return set(all_stop)
+    stop_ids = set(getattr(params, "stop_token_ids", None) or [])
+    eos = getattr(params, "eos_token_id", None)
+    return stop_ids | ({eos} if eos is not None else set())
+
+
+class MinPLogitsProcessor(LogitsProcessor):
+    """Drop tokens whose probability is below min_p times the row's top probability (argmax-invariant).
+
+    Runs after temperature, as in vLLM, so "probability" means the tempered distribution.
+    """
+
+    def __init__(self, vllm_config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = torch.device(device)
+        self.min_p_by_row: dict[int, float] = {}
+        self._rows: torch.Tensor | None = None
+        self._min_p: torch.Tensor | None = None
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        def new_state(params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> float | None:
+            min_p = float(getattr(params, "min_p", 0.0) or 0.0)
+            return min_p if min_p > 0.0 else None
+
+        if process_dict_updates(self.min_p_by_row, batch_update, new_state):
+            rows = sorted(self.min_p_by_row)
+            self._rows = torch.tensor(rows, dtype=torch.long, device=self.device)
+            self._min_p = torch.tensor([self.min_p_by_row[r] for r in rows], device=self.device).unsqueeze(1)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.min_p_by_row or self._rows is None:
+            return logits
+        rows_logits = logits.index_select(0, self._rows)
+        probs = rows_logits.softmax(dim=-1)
+        threshold = probs.amax(dim=-1, keepdim=True) * self._min_p
+        logits.index_copy_(0, self._rows, rows_logits.masked_fill_(probs < threshold, -float("inf")))
+        return logits
+
+
+class LogitBiasLogitsProcessor(LogitsProcessor):
+    """Add `logit_bias[token]` to the chosen tokens of each row (may change the argmax)."""
+
+    def __init__(self, vllm_config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = torch.device(device)
+        self.vocab_size = vllm_config.vocab_size
+        self.bias_by_row: dict[int, dict[int, float]] = {}
+        self._index: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._bias: torch.Tensor | None = None
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def _new_state(self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> dict | None:
+        logit_bias = getattr(params, "logit_bias", None)
+        if not logit_bias:
+            return None
+        bad = [t for t in logit_bias if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size}), got {bad}")
+        return {int(t): float(b) for t, b in logit_bias.items()}
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if process_dict_updates(self.bias_by_row, batch_update, self._new_state):
+            rows, tokens, biases = [], [], []
+            for row, bias in self.bias_by_row.items():
+                rows.extend([row] * len(bias))
+                tokens.extend(bias)
+                biases.extend(bias.values())
+            self._index = (torch.tensor(rows, dtype=torch.long, device=self.device),
+                           torch.tensor(tokens, dtype=torch.long, device=self.device))
+            self._bias = torch.tensor(biases, dtype=torch.float32, device=self.device)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.bias_by_row or self._index is None:
+            return logits
+        return logits.index_put_(self._index, self._bias.to(logits.dtype), accumulate=True)
+
+
+class MinTokensLogitsProcessor(LogitsProcessor):
+    """Mask the stop tokens (EOS included) of a row until it has generated `min_tokens` tokens."""
+
+    def __init__(self, vllm_config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = torch.device(device)
+        # row -> (min_tokens, live output list, stop token ids)
+        self.state_by_row: dict[int, tuple[int, list[int], set[int]]] = {}
+        self._index: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    @staticmethod
+    def _new_state(params: SamplingParams, prompt_ids: list[int], output_ids: list[int]):
+        min_tokens = int(getattr(params, "min_tokens", 0) or 0)
+        stop_ids = stop_token_ids_of(params)
+        if min_tokens > 0 and stop_ids and len(output_ids) < min_tokens:
+            return (min_tokens, output_ids, stop_ids)
+        return None
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        changed = process_dict_updates(self.state_by_row, batch_update, self._new_state)
+        # Output lists grow by reference: a row that reached min_tokens is released.
+        done = [row for row, (min_tokens, output_ids, _) in self.state_by_row.items()
+                if len(output_ids) >= min_tokens]
+        for row in done:
+            del self.state_by_row[row]
+        if changed or done:
+            rows, tokens = [], []
+            for row, (_, _, stop_ids) in self.state_by_row.items():
+                rows.extend([row] * len(stop_ids))
+                tokens.extend(stop_ids)
+            self._index = (torch.tensor(rows, dtype=torch.long, device=self.device),
+                           torch.tensor(tokens, dtype=torch.long, device=self.device))
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.state_by_row or self._index is None:
+            return logits
+        return logits.index_put_(self._index, torch.tensor(-float("inf"), device=logits.device))
+
+
+BUILTIN_LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (
+    MinPLogitsProcessor,
+    LogitBiasLogitsProcessor,
+    MinTokensLogitsProcessor,
+)

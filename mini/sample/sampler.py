@@ -1,0 +1,131 @@
+"""Mirrors vllm/v1/sample/sampler.py: one vectorized pass from logits to next tokens for the whole batch.
+
+Order of operations (as vLLM's `Sampler.forward` / `Sampler.sample`):
+
+1. raw logprobs, if any row asked for them (before anything edits the logits);
+2. logit edits that may change the argmax: allowed-token mask, bad words, the non-argmax-invariant
+   logits processors (logit bias, min tokens, custom ones), then repetition/frequency/presence penalties;
+3. greedy rows take the argmax here (if every row is greedy, stop);
+4. temperature; then the argmax-invariant processors (min-p);
+5. top-k / top-p (ops/topk_topp.py), softmax, and one exponential-race draw per row
+   (seeded rows use their own generator); ops/topk_topp_sampler.py holds both the native path and a
+   fused one that only looks at each row's top-k window;
+6. greedy and random rows are merged with one `torch.where`.
+
+The lab-able ops are looked up through their modules at call time (`topk_topp.apply_top_k_top_p`,
+`penalties.apply_all_penalties`, `topk_topp_sampler.random_sample`) so `mini.labs.plug` can swap them. The sampler may modify `logits`
+in place, as vLLM's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mini.sample import logprobs as logprobs_ops
+from mini.sample.logprobs import LogprobsTensors
+from mini.sample.metadata import SAMPLING_EPS, SamplingMetadata, make_padded_tensor
+from mini.sample.ops import bad_words as bad_words_ops
+from mini.sample.ops import penalties as penalties_ops
+from mini.sample.ops import topk_topp as topk_topp_ops
+from mini.sample.ops import topk_topp_sampler as sampler_ops
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """Mirrors vllm/v1/outputs.py SamplerOutput (one token per row here: no speculative tokens)."""
+
+    sampled_token_ids: torch.Tensor  # int64 [N]
+    logprobs_tensors: LogprobsTensors | None
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor, all_random: bool) -> torch.Tensor:
+    """Divide each row by its temperature, in place; greedy rows (temperature ~0) are divided by 1."""
+    if not all_random:
+        temperature = torch.where(temperature < SAMPLING_EPS, 1.0, temperature)
+    return logits.div_(temperature.to(logits.dtype).unsqueeze(1))
+
+
+def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1).view(-1)
+
+
+_REFERENCE_OPS = (topk_topp_ops.apply_top_k_top_p, sampler_ops.random_sample)
+
+
+class Sampler(nn.Module):
+    """logits [N, V] + SamplingMetadata -> SamplerOutput.
+
+    `use_fused=True` samples truncated rows inside a top-k window (ops/topk_topp_sampler.py
+    `sample_fused`, same distribution); it is used only while the reference `apply_top_k_top_p` and
+    `random_sample` are in place, so a plugged learner function always runs.
+    """
+
+    def __init__(self, use_fused: bool = True) -> None:
+        super().__init__()
+        self.use_fused = use_fused
+
+    def _fused_allowed(self) -> bool:
+        current = (topk_topp_ops.apply_top_k_top_p, sampler_ops.random_sample)
+        return self.use_fused and all(a is b for a, b in zip(current, _REFERENCE_OPS))
+
+    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != sampling_metadata.num_rows:
+            raise ValueError(f"logits must be [num_rows={sampling_metadata.num_rows}, vocab_size], "
+                             f"got shape {tuple(logits.shape)}")
+        if logits.dtype != torch.float32:
+            logits = logits.to(torch.float32)
+        num_logprobs = sampling_metadata.max_num_logprobs
+        raw_logprobs = None if num_logprobs is None else logprobs_ops.compute_logprobs(logits)
+
+        logits = self.apply_logits_processors(logits, sampling_metadata)
+        sampled = self.sample(logits, sampling_metadata).to(torch.int64)
+
+        logprobs_tensors = None
+        if raw_logprobs is not None:
+            logprobs_tensors = logprobs_ops.gather_logprobs(raw_logprobs, num_logprobs, sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
+
+    def apply_logits_processors(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The edits that may move the argmax, so they run before greedy rows pick theirs."""
+        if metadata.allowed_token_ids_mask is not None:
+            logits.masked_fill_(metadata.allowed_token_ids_mask, -float("inf"))
+        if metadata.bad_words_token_ids:
+            logits = bad_words_ops.apply_bad_words(logits, metadata.bad_words_token_ids,
+                                                   metadata.output_token_ids)
+        for processor in metadata.logitsprocs.non_argmax_invariant:
+            logits = processor.apply(logits)
+        return self.apply_penalties(logits, metadata)
+
+    def apply_penalties(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        if metadata.no_penalties:
+            return logits
+        vocab_size = logits.shape[1]
+        prompt_ids = metadata.prompt_token_ids
+        if prompt_ids is None:
+            prompt_ids = torch.full((logits.shape[0], 1), vocab_size, dtype=torch.int64, device=logits.device)
+        # Output histories grow every step: read the live lists now.
+        output_ids = make_padded_tensor(metadata.output_token_ids, vocab_size, logits.device)
+        return penalties_ops.apply_all_penalties(
+            logits, prompt_ids, output_ids, metadata.presence_penalties,
+            metadata.frequency_penalties, metadata.repetition_penalties)
+
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Greedy argmax and/or a random draw, merged per row."""
+        greedy = None if metadata.all_random else greedy_sample(logits)
+        if metadata.all_greedy:
+            return greedy
+        assert metadata.temperature is not None
+        logits = apply_temperature(logits, metadata.temperature, metadata.all_random)
+        for processor in metadata.logitsprocs.argmax_invariant:
+            logits = processor.apply(logits)
+        if self._fused_allowed():
+            active = None if greedy is None else metadata.temperature >= SAMPLING_EPS
+            sampled = sampler_ops.sample_fused(logits, metadata.top_k, metadata.top_p, metadata.generators, active)
+        else:
+            sampled = sampler_ops.sample_native(logits, metadata.top_k, metadata.top_p, metadata.generators)
+        if greedy is None:
+            return sampled
+        return torch.where(metadata.temperature < SAMPLING_EPS, greedy, sampled)

@@ -1,0 +1,8 @@
+"""The worker side of the engine: persistent batch, input preparation, model execution.
+
+Mirrors vllm/v1/worker/ (gpu_input_batch.py, gpu_model_runner.py, and vllm/v1/outputs.py).
+Submodules are imported where used (`from mini.worker.model_runner import ModelRunner`) so importing
+this package stays cheap.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,232 @@
+"""Run one engine step on the model: update request state, build inputs, forward, sample.
+
+Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_prepare_inputs`,
+`execute_model`, `_sample`). The order of one step:
+
+  1. `update_states`: drop finished/preempted requests, take in new ones, extend the block lists and
+     set `num_computed_tokens` of cached ones; keep the persistent batch (input_batch.py) in step.
+  2. `prepare_inputs` (prepare_inputs.py): the flat input_ids / positions / slot_mapping / block_table.
+  3. forward through the model, which writes K/V into `kv_caches` and reads them back (paged attention).
+  4. logits only at `logits_indices` (each request's last scheduled token), then the sampler.
+  5. a request still in the middle of its prompt (chunked prefill) discards its sample; the others
+     append the token to the runner's own copy of the request, ready to be fed next step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import mini.worker.prepare_inputs as batch_inputs
+from mini.attention.reference import AttentionMetadata
+from mini.sample.logits_processor import build_logitsprocs
+from mini.sample.logprobs import compute_logprobs, gather_logprobs, logprobs_to_dicts
+from mini.sample.metadata import SamplingMetadata
+from mini.sample.sampler import Sampler
+from mini.worker.input_batch import CachedRequestState, InputBatch
+from mini.worker.model_runner_output import ModelRunnerOutput
+
+
+class ModelRunner:
+    """Owns the KV cache tensors, the runner-side request states and the persistent batch."""
+
+    def __init__(self, config: Any, model: torch.nn.Module, hf_config: Any, num_blocks: int) -> None:
+        self.config = config
+        self.model = model
+        self.hf_config = hf_config
+        self.device = torch.device(config.device)
+        self.dtype = next(model.parameters()).dtype  # the KV cache stores what the layers compute
+        self.block_size = int(config.block_size)
+        self.num_blocks = int(num_blocks)
+        self.vocab_size = int(model.config.vocab_size)
+        backend = getattr(config, "attention_backend", None)
+        if hasattr(config, "resolved_attention_backend"):
+            backend = config.resolved_attention_backend()
+        self.attention_backend = backend or "torch"
+        if getattr(model, "attention_backend", None) != self.attention_backend:
+            model.set_attention_backend(self.attention_backend)
+
+        shape = model.kv_cache_shape(self.num_blocks, self.block_size)
+        self.kv_caches: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(model.config.num_hidden_layers)
+        ]
+        self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = InputBatch(max_num_reqs=int(config.max_num_seqs))
+        self.logitsprocs = build_logitsprocs(
+            getattr(config, "logits_processors", None), self.vocab_size, self.device,
+            engine_config=config, max_num_reqs=int(config.max_num_seqs),
+        )
+        self.sampler = Sampler()
+        self.last_inputs: batch_inputs.PreparedInputs | None = None
+        self.last_attn_metadata: AttentionMetadata | None = None
+
+    # ------------------------------------------------------------------ 1. request state
+    def update_states(self, scheduler_output: Any) -> None:
+        """Bring `self.requests` and the persistent batch in line with the scheduler's decisions."""
+        for req_id in scheduler_output.finished_req_ids:
+            self.requests.pop(req_id, None)
+            self.input_batch.remove_request(req_id)
+        scheduled = scheduler_output.num_scheduled_tokens
+        for req_id in list(self.input_batch.req_id_to_index):
+            if req_id not in scheduled:  # still running, but not this step: out of the batch, state kept
+                self.input_batch.remove_request(req_id)
+
+        to_add: list[CachedRequestState] = []
+        for new in scheduler_output.scheduled_new_reqs:
+            self.input_batch.remove_request(new.req_id)  # a resumed request starts afresh
+            state = CachedRequestState(
+                req_id=new.req_id,
+                prompt_token_ids=list(new.prompt_token_ids),
+                output_token_ids=list(new.output_token_ids),
+                sampling_params=new.sampling_params,
+                generator=self._make_generator(new.sampling_params),
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+            )
+            self.requests[new.req_id] = state
+            to_add.append(state)
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, new_block_ids, num_computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        ):
+            state = self.requests.get(req_id)
+            if state is None:
+                raise ValueError(f"scheduled_cached_reqs names {req_id!r}, which the runner never received "
+                                 "as a new request (or already dropped as finished)")
+            state.block_ids.extend(new_block_ids)
+            state.num_computed_tokens = num_computed
+            if req_id not in self.input_batch.req_id_to_index:
+                to_add.append(state)
+        for state in to_add:
+            self.input_batch.add_request(state)
+        self.input_batch.condense()
+        self.logitsprocs.update_state(self.input_batch.get_batch_update())
+
+    def _make_generator(self, params: Any) -> torch.Generator | None:
+        if getattr(params, "seed", None) is None:
+            return None
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(int(params.seed))
+        return generator
+
+    # ------------------------------------------------------------------ 2. inputs
+    def prepare_inputs(self, scheduler_output: Any) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata]:
+        """Flat tensors for the rows of the batch, in row order, on the device."""
+        states = self.input_batch.occupied_requests()
+        scheduled = [scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
+        inputs = batch_inputs.prepare_inputs(
+            [state.all_token_ids for state in states],
+            [state.num_computed_tokens for state in states],
+            scheduled,
+            [state.block_ids for state in states],
+            self.block_size,
+        ).to(self.device)
+        metadata = AttentionMetadata(
+            num_actual_tokens=int(inputs.input_ids.shape[0]),
+            query_start_loc=inputs.query_start_loc,
+            seq_lens=inputs.seq_lens,
+            block_table=inputs.block_table,
+            slot_mapping=inputs.slot_mapping,
+            max_query_len=max(scheduled),
+            max_seq_len=max(state.num_computed_tokens + n for state, n in zip(states, scheduled)),
+        )
+        return inputs, metadata
+
+    # ------------------------------------------------------------------ 3-5. the step
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput:
+        self.update_states(scheduler_output)
+        if self.input_batch.num_reqs == 0 or scheduler_output.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput.empty()
+        inputs, metadata = self.prepare_inputs(scheduler_output)
+        self.last_inputs, self.last_attn_metadata = inputs, metadata
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+
+        states = self.input_batch.occupied_requests()
+        seq_lens = inputs.seq_lens.tolist()
+        # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards.
+        is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens)]
+        saved = {row: states[row].generator.get_state() for row in range(len(states))
+                 if is_partial[row] and states[row].generator is not None}
+        sampler_output = self.sampler(logits, self._sampling_metadata(states))
+        for row, generator_state in saved.items():
+            states[row].generator.set_state(generator_state)
+
+        prompt_logprobs = self._prompt_logprobs(states, hidden, inputs)  # before outputs grow
+        sampled = sampler_output.sampled_token_ids.tolist()
+        sampled_token_ids: list[list[int]] = []
+        for row, state in enumerate(states):
+            if is_partial[row]:
+                sampled_token_ids.append([])
+            else:
+                state.append_output_token(int(sampled[row]))
+                sampled_token_ids.append([int(sampled[row])])
+        return ModelRunnerOutput(
+            req_ids=[state.req_id for state in states],
+            req_id_to_index=dict(self.input_batch.req_id_to_index),
+            sampled_token_ids=sampled_token_ids,
+            logprobs=self._sampled_logprobs(states, sampler_output, is_partial),
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+        return SamplingMetadata.build(
+            params=[state.sampling_params for state in states],
+            prompt_token_ids=[state.prompt_token_ids for state in states],
+            output_token_ids=[state.output_token_ids for state in states],
+            generators={row: state.generator for row, state in enumerate(states) if state.generator is not None},
+            vocab_size=self.vocab_size,
+            device=self.device,
+            logitsprocs=self.logitsprocs,
+        )
+
+    @staticmethod
+    def _sampled_logprobs(states, sampler_output, is_partial) -> list[list[dict[int, float]] | None] | None:
+        tensors = sampler_output.logprobs_tensors
+        if tensors is None:
+            return None
+        wanted = [state.sampling_params.logprobs for state in states]
+        dicts = logprobs_to_dicts(tensors, wanted)
+        return [None if want is None else ([] if partial else [entry])
+                for want, partial, entry in zip(wanted, is_partial, dicts)]
+
+    def _prompt_logprobs(self, states, hidden, inputs) -> dict[str, list[dict[int, float] | None]]:
+        """For requests asking `prompt_logprobs`: logprob of each prompt token given the ones before it."""
+        result: dict[str, list[dict[int, float] | None]] = {}
+        starts = inputs.query_start_loc.tolist()
+        for row, state in enumerate(states):
+            wanted = state.sampling_params.prompt_logprobs
+            first = state.num_computed_tokens
+            # (a request resumed after preemption already reported its prompt logprobs)
+            if wanted is None or first >= state.num_prompt_tokens or state.output_token_ids:
+                continue
+            # Row at position p predicts token p + 1; keep those that are prompt tokens.
+            count = min(starts[row + 1] - starts[row], state.num_prompt_tokens - 1 - first)
+            entries: list[dict[int, float] | None] = [None] if first == 0 else []
+            if count > 0:
+                logprobs = compute_logprobs(self.model.compute_logits(hidden[starts[row]: starts[row] + count]))
+                targets = torch.as_tensor(state.prompt_token_ids[first + 1: first + 1 + count], device=self.device)
+                num = self.vocab_size if wanted == -1 else int(wanted)
+                tensors = gather_logprobs(logprobs, num, targets)
+                entries.extend(logprobs_to_dicts(tensors, [num] * count))
+            result[state.req_id] = entries
+        return result
+
+    # ------------------------------------------------------------------ benchmarking helpers
+    def snapshot_forward_inputs(self) -> dict[str, Any] | None:
+        """The last step's forward inputs, kept so `replay_forward` can time the model alone."""
+        if self.last_inputs is None or self.last_attn_metadata is None:
+            return None
+        return {"inputs": self.last_inputs, "attn_metadata": self.last_attn_metadata}
+
+    @torch.inference_mode()
+    def replay_forward(self, snapshot: dict[str, Any] | None) -> torch.Tensor | None:
+        """Forward + logits of a recorded step (writes the same K/V slots again; no sampling)."""
+        if snapshot is None:
+            return None
+        inputs = snapshot["inputs"]
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, snapshot["attn_metadata"])
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+

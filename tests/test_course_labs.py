@@ -1,0 +1,87 @@
+"""`pytest labs/` as a learner runs it (in a subprocess): the solutions pass, the untouched release fails
+every exercise with "not implemented yet", and one filled-in or broken cell changes only its exercise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from mini.course.notebook_format import read_notebook, write_normalized
+from mini.course.release import REPO_ROOT
+
+
+def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
+    """Run pytest on labs/ and return {test name: (outcome, failure message)} from its JUnit report."""
+    report = tmp_path / f"report-{len(list(tmp_path.glob('report-*.xml')))}.xml"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert report.exists(), f"pytest produced no report:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    outcomes = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        failure = case.find("failure")
+        error = case.find("error")
+        if error is not None:
+            outcomes[case.get("name")] = ("error", error.get("message", ""))
+        elif failure is not None:
+            outcomes[case.get("name")] = ("failed", failure.get("message", "") + (failure.text or ""))
+        elif case.find("skipped") is not None:
+            outcomes[case.get("name")] = ("skipped", "")
+        else:
+            outcomes[case.get("name")] = ("passed", "")
+    assert "error" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
+    return outcomes
+
+
+def test_reference_solutions_pass_every_lab(tmp_path):
+    outcomes = run_labs(tmp_path, "labs/", "--reference")
+    assert len(outcomes) >= 11
+    assert {name: o for name, o in outcomes.items() if o[0] != "passed"} == {}
+
+
+def test_untouched_release_fails_every_lab_with_not_implemented(tmp_path):
+    outcomes = run_labs(tmp_path, "labs/")
+    assert len(outcomes) >= 11
+    for name, (outcome, message) in outcomes.items():
+        assert outcome == "failed", (name, outcome, message)
+        assert "not implemented yet" in message, (name, message)
+
+
+def _phase_copy(tmp_path: Path, assignment_id: str) -> Path:
+    target = tmp_path / "notebooks" / assignment_id
+    shutil.copytree(REPO_ROOT / "phases" / assignment_id, target)
+    return target / f"{assignment_id}.ipynb"
+
+
+def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path):
+    assignment_id = "02_slot_mapping"
+    solution = read_notebook(REPO_ROOT / "solutions" / assignment_id / f"{assignment_id}.ipynb")
+    solved = {c.id: c.source for c in solution.cells}
+    path = _phase_copy(tmp_path, assignment_id)
+    notebook = read_notebook(path)
+    for cell in notebook.cells:
+        if cell.id == "answer-slot-mapping":  # exercise 3 filled in
+            cell.source = solved[cell.id]
+        elif cell.id == "answer-positions":  # exercise 2 does not parse
+            cell.source = "def compute_positions(num_computed_tokens, num_scheduled_tokens)\n    return 1\n"
+        elif cell.id == "answer-query-start-loc":  # exercise 1 forgets the leading 0
+            cell.source = ("def compute_query_start_loc(num_scheduled_tokens):\n"
+                           "    return torch.cumsum(torch.tensor(num_scheduled_tokens), 0).int()\n")
+    write_normalized(notebook, path)
+
+    outcomes = run_labs(tmp_path, "labs/test_p02_slot_mapping.py", "--notebooks", str(tmp_path / "notebooks"))
+    assert outcomes["test_compute_slot_mapping"][0] == "passed"
+    outcome, message = outcomes["test_compute_positions"]
+    assert outcome == "failed" and "SyntaxError" in message, message
+    outcome, message = outcomes["test_prepare_inputs"]
+    assert outcome == "failed" and "not implemented yet" in message, message
+    outcome, message = outcomes["test_compute_query_start_loc"]
+    assert outcome == "failed"
+    for expected in ("inputs:", "num_scheduled_tokens = [5, 7, 3]", "expected: [0, 5, 12, 15]",
+                     "got:      [5, 12, 15]", "hint:"):
+        assert expected in message, message

@@ -1,0 +1,76 @@
+"""phases/ is exactly what nbgrader generates from solutions/, and every phase follows labs/README.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mini.course.answers import defined_names
+from mini.course.notebook_format import notebook_text, read_notebook
+from mini.course.release import REPO_ROOT, find_drift, list_assignments
+
+ASSIGNMENTS = list_assignments()
+PARTS = ("## 1. Deep dive", "## 2. Mini build", "## 3. Lab", "## 4. Plug it in", "## 5. Checklist")
+
+
+def _nbgrader(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def test_there_are_phases():
+    assert {"00_autoregressive_loop", "01_paged_kv", "02_slot_mapping"} <= set(ASSIGNMENTS)
+
+
+def test_phases_are_what_nbgrader_generates_from_solutions():
+    drift = find_drift()
+    assert drift.is_clean(), drift.describe()
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+@pytest.mark.parametrize("side", ["solutions", "phases"])
+def test_notebooks_are_stored_normalized(side, assignment_id):
+    path = REPO_ROOT / side / assignment_id / f"{assignment_id}.ipynb"
+    assert path.read_text(encoding="utf-8") == notebook_text(read_notebook(path)), (
+        f"{path} is not normalized: run `python -m mini.course release`")
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_source_notebook_structure(assignment_id):
+    notebook = read_notebook(REPO_ROOT / "solutions" / assignment_id / f"{assignment_id}.ipynb")
+    markdown = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
+    positions = [markdown.find(part) for part in PARTS]
+    assert -1 not in positions and positions == sorted(positions), f"the five parts, in order: {PARTS}"
+    assert re.search(r"vllm/v1/[\w/]+\.py", markdown), "the deep dive cites real vLLM v1 paths"
+
+    grade_ids = [_nbgrader(c)["grade_id"] for c in notebook.cells if _nbgrader(c)]
+    assert len(grade_ids) == len(set(grade_ids)), "grade_ids must be unique"
+    answers = [c for c in notebook.cells if _nbgrader(c).get("solution")]
+    tests = [c for c in notebook.cells if _nbgrader(c).get("grade")]
+    assert len(answers) >= 3 and len(tests) >= 3, "at least three graded exercises"
+    assert all(_nbgrader(c).get("points", 0) > 0 for c in tests)
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in tests)
+    assert any("setup" in c.metadata.get("tags", []) for c in notebook.cells), "a setup cell"
+
+    phase = assignment_id[:2]
+    lab_files = list((REPO_ROOT / "labs").glob(f"test_p{phase}_*.py"))
+    assert len(lab_files) == 1, f"one labs/test_p{phase}_*.py"
+    lab_source = lab_files[0].read_text(encoding="utf-8")
+    for cell in answers:
+        names = defined_names(cell.source)
+        assert len(names) == 1, f"answer cell {_nbgrader(cell)['grade_id']} must define ONE function or class"
+        assert f'.get("{names[0]}")' in lab_source, f"{lab_files[0].name} grades {names[0]}"
+    for cell in tests:
+        assert f"labs.checks.p{phase}" in cell.source, "test cells call the shared checks"
+
+
+@pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
+def test_release_notebook_has_no_solutions(assignment_id):
+    notebook = read_notebook(Path(REPO_ROOT / "phases" / assignment_id / f"{assignment_id}.ipynb"))
+    text = "\n".join(c.source for c in notebook.cells)
+    assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
+    for cell in notebook.cells:
+        if _nbgrader(cell).get("solution"):
+            assert "raise NotImplementedError()" in cell.source
+    assert notebook.metadata.kernelspec.name == "python3"
