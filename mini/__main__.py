@@ -38,10 +38,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--block-size", type=int, default=16)
     gen.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
 
-    bench = sub.add_parser("bench", help="benchmarks: engine (default), sampler, attention")
-    bench.add_argument("which", nargs="?", default="engine", choices=sorted(BENCHMARKS))
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark (see --help)")
+    sub.add_parser("bench", add_help=False,
+                   help="benchmarks: `bench [engine|sampler|attention] [--help | options]` (engine by default)")
     return parser
+
+
+def run_bench(argv: list[str]) -> int:
+    """Dispatch `bench [NAME] [options]` to mini.bench.NAME.main(options)."""
+    import importlib
+
+    which, rest = "engine", argv
+    if argv and not argv[0].startswith("-"):
+        which, rest = argv[0], argv[1:]
+    if which not in BENCHMARKS:
+        print(f"error: unknown benchmark {which!r}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    importlib.import_module(BENCHMARKS[which]).main(rest)
+    return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -68,14 +81,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "bench":
+        return run_bench(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.command == "generate":
-        return run_generate(args)
-    import importlib
-
-    module = importlib.import_module(BENCHMARKS[args.which])
-    module.main(args.rest)
-    return 0
+    return run_generate(args)
 
 
 if __name__ == "__main__":

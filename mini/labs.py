@@ -41,6 +41,34 @@ LAB_TARGETS: dict[str, tuple[str, str]] = {
     # phase 03: paged attention in PyTorch
     "store_kv": ("mini.attention.reference", "store_kv"),
     "paged_attention": ("mini.attention.reference", "paged_attention"),
+    "gather_kv": ("mini.attention.reference", "gather_kv"),
+    # phase 04: the model runner
+    "compute_logits_indices": ("mini.worker.prepare_inputs", "compute_logits_indices"),
+    "rms_norm": ("mini.model.llama", "rms_norm"),
+    "apply_rotary": ("mini.model.rotary", "apply_rotary"),
+    "build_attention_metadata": ("mini.worker.model_runner", "build_attention_metadata"),
+    "run_model": ("mini.worker.model_runner", "run_model"),
+    # phase 06: the engine loop and I/O
+    "detokenize_incrementally": ("mini.engine.detokenizer", "detokenize_incrementally"),
+    "check_stop_strings": ("mini.engine.detokenizer", "check_stop_strings"),
+    "check_stop": ("mini.core.sched.utils", "check_stop"),
+    "step": ("mini.engine.llm_engine", "LLMEngine.step"),
+    # phase 07: the attention kernel in Triton
+    "online_softmax_update": ("mini.viz.kernel_access", "online_softmax_update"),
+    "_store_kv_kernel": ("mini.attention.triton_paged", "_store_kv_kernel"),
+    "triton_store_kv": ("mini.attention.triton_paged", "store_kv"),
+    "_paged_decode_kernel": ("mini.attention.triton_paged", "_paged_decode_kernel"),
+    "paged_decode": ("mini.attention.triton_paged", "paged_decode"),
+    # phase 08: the vectorized sampler
+    "apply_temperature": ("mini.sample.sampler", "apply_temperature"),
+    "apply_top_k_top_p": ("mini.sample.ops.topk_topp", "apply_top_k_top_p"),
+    "random_sample": ("mini.sample.ops.topk_topp_sampler", "random_sample"),
+    "gather_logprobs": ("mini.sample.logprobs", "gather_logprobs"),
+    # phase 09: penalties and logits processors
+    "apply_all_penalties": ("mini.sample.ops.penalties", "apply_all_penalties"),
+    "process_dict_updates": ("mini.sample.logits_processor.state", "process_dict_updates"),
+    "MinTokensLogitsProcessor": ("mini.sample.logits_processor.builtin", "MinTokensLogitsProcessor"),
+    "condense": ("mini.worker.input_batch", "InputBatch.condense"),
 }
 
 

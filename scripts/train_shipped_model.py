@@ -10,7 +10,8 @@ checkpoint that `mini` runs by default, fully offline and seeded:
 4. save both as Hugging Face folders (``config.json``, ``model.safetensors``, tokenizer files),
    so both `mini` and `transformers` load them, plus ``training_log.json``.
 
-Retrain with ``python -m scripts.train_shipped_model`` (about 6 minutes on 2 CPU cores).
+Retrain with ``python -m scripts.train_shipped_model`` (about 7 minutes on 2 idle CPU cores;
+under heavy CPU contention ``--threads 1`` is several times faster than 2 threads).
 """
 
 from __future__ import annotations

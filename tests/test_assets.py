@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -129,7 +130,8 @@ def test_training_log_matches_the_checkpoint(main_model, draft_model):
         log = json.loads((folder / "training_log.json").read_text())
         assert log["parameters"] == sum(parameter.numel() for parameter in model.parameters())
         assert log["vocab_size"] == model.config.vocab_size
-        assert log["final_eval_loss"] < 5.0, log["final_eval_loss"]
+        uniform_loss = math.log(model.config.vocab_size)   # what an untrained model scores
+        assert log["final_eval_loss"] < 0.75 * uniform_loss, log["final_eval_loss"]
         for key in ("train_seconds", "size_on_disk_bytes", "final_train_loss", "corpus_bytes", "seed",
                     "command", "python_version"):
             assert key in log, key

@@ -1,5 +1,8 @@
-"""`pytest labs/` as a learner runs it (in a subprocess): the solutions pass, the untouched release fails
-every exercise with "not implemented yet", and one filled-in or broken cell changes only its exercise."""
+"""`pytest labs/` as a learner runs it (in a subprocess): the untouched release fails every exercise with
+"not implemented yet" and nothing errors; a filled-in, broken or wrong cell changes only its exercise.
+
+(`pytest labs/ --reference`, the solutions passing every lab, is part of the project's test command
+itself: `pytest tests labs --reference`.)"""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(command, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert report.exists(), f"pytest produced no report:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     outcomes = {}
     for case in ET.parse(report).getroot().iter("testcase"):
@@ -36,12 +39,6 @@ def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
             outcomes[case.get("name")] = ("passed", "")
     assert "error" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
     return outcomes
-
-
-def test_reference_solutions_pass_every_lab(tmp_path):
-    outcomes = run_labs(tmp_path, "labs/", "--reference")
-    assert len(outcomes) >= 11
-    assert {name: o for name, o in outcomes.items() if o[0] != "passed"} == {}
 
 
 def test_untouched_release_fails_every_lab_with_not_implemented(tmp_path):

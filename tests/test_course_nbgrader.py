@@ -84,7 +84,7 @@ def _grades(course_root: Path, student: str) -> dict[str, tuple[float, float]]:
 
 
 def test_solutions_get_full_marks(graded_course):
-    course_root, source = graded_course
+    course_root, _ = graded_course
     grades = _grades(course_root, "solutions")
     assert len(grades) >= 3
     assert all(score == max_score > 0 for score, max_score in grades.values()), grades

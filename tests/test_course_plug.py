@@ -8,9 +8,9 @@ import importlib
 import pytest
 
 import mini.core.block_pool as block_pool_module
-import mini.core.kv_cache_utils as kv_cache_utils
 import mini.worker.prepare_inputs as prep
 from mini import LLM, SamplingParams
+from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.engine.llm_engine import LLMEngine
 from mini.labs import LAB_TARGETS, lab_names, plug
@@ -25,16 +25,14 @@ def test_every_lab_target_exists():
 
 
 def test_unknown_name_lists_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed names") as error:
-        with plug(no_such_lab=lambda: None):
-            pass
+    with pytest.raises(ValueError, match="allowed names") as error, plug(no_such_lab=lambda: None):
+        pass
     assert "slot_mapping" in str(error.value) and "allocate_slots" in str(error.value)
 
 
 def test_non_callable_is_a_type_error():
-    with pytest.raises(TypeError, match="compute_slot_mapping"):
-        with plug(compute_slot_mapping=42):
-            pass
+    with pytest.raises(TypeError, match="compute_slot_mapping"), plug(compute_slot_mapping=42):
+        pass
 
 
 def test_module_function_is_swapped_and_restored_even_after_an_error():
@@ -43,10 +41,9 @@ def test_module_function_is_swapped_and_restored_even_after_an_error():
     def fake(*args):
         return "fake"
 
-    with pytest.raises(RuntimeError):
-        with plug(compute_slot_mapping=fake):
-            assert prep.compute_slot_mapping is fake
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), plug(compute_slot_mapping=fake):
+        assert prep.compute_slot_mapping is fake
+        raise RuntimeError("boom")
     assert prep.compute_slot_mapping is original
 
 

@@ -172,3 +172,15 @@ def test_request_status_enum_has_vllm_states():
     names = {status.name for status in RequestStatus}
     assert {"WAITING", "RUNNING", "PREEMPTED", "FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED",
             "FINISHED_ABORTED"} <= names
+
+
+def test_prompt_larger_than_the_kv_pool_is_refused_cleanly(tiny_llama_dir):
+    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=3)
+    engine = llm.llm_engine
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        engine.add_request("big", {"prompt_token_ids": list(range(1, 11))}, SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished_requests()
+    assert not engine.output_processor.has_request("big")
+    out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=3, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 3

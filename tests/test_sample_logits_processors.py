@@ -41,7 +41,7 @@ class BanTokenZeroForTaggedRequests(LogitsProcessor):
 
     def update_state(self, batch_update):
         process_dict_updates(self.rows, batch_update,
-                             lambda params, _p, _o: True if (params.extra_args or {}).get("ban_zero") else None)
+                             lambda params, _p, _o: (params.extra_args or {}).get("ban_zero") or None)
 
     def apply(self, logits):
         if self.rows:
@@ -80,7 +80,8 @@ def standalone(cls, request: Request, logits_row: torch.Tensor) -> torch.Tensor:
     return processor.apply(logits_row.unsqueeze(0).clone())[0]
 
 
-def step_batch(rng: random.Random, rows: list[Request], builder: BatchUpdateBuilder, next_name: list[int]) -> None:
+def step_batch(rng: random.Random, rows: list[Request], builder: BatchUpdateBuilder,
+               next_name: list[int]) -> None:
     """One step of persistent-batch bookkeeping with vLLM's rules, recorded in `builder`."""
     for index in range(len(rows)):
         if rows[index] is not None and rng.random() < 0.25:
@@ -199,7 +200,8 @@ def test_build_logitsprocs_splits_by_argmax_invariance_and_loads_custom_classes(
     module = types.ModuleType("my_custom_procs")
     module.Ban = BanTokenZeroForTaggedRequests
     monkeypatch.setitem(sys.modules, "my_custom_procs", module)
-    procs = build_logitsprocs([BanTokenZeroForTaggedRequests, "my_custom_procs:Ban", "my_custom_procs.Ban"], VOCAB)
+    procs = build_logitsprocs(
+        [BanTokenZeroForTaggedRequests, "my_custom_procs:Ban", "my_custom_procs.Ban"], VOCAB)
     assert [type(p) for p in procs.argmax_invariant] == [MinPLogitsProcessor]
     assert [type(p).__name__ for p in procs.non_argmax_invariant] == [
         "LogitBiasLogitsProcessor", "MinTokensLogitsProcessor"] + ["BanTokenZeroForTaggedRequests"] * 3

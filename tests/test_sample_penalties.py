@@ -13,14 +13,16 @@ from mini.sample.ops.penalties import apply_all_penalties, get_token_bin_counts_
 def penalize(logits, prompts, outputs, presence, frequency, repetition):
     vocab_size = logits.shape[1]
     return apply_all_penalties(
-        logits.clone(), make_padded_tensor(prompts, vocab_size, "cpu"), make_padded_tensor(outputs, vocab_size, "cpu"),
+        logits.clone(), make_padded_tensor(prompts, vocab_size, "cpu"),
+        make_padded_tensor(outputs, vocab_size, "cpu"),
         torch.tensor(presence), torch.tensor(frequency), torch.tensor(repetition))
 
 
 def dense_reference(logits, prompts, outputs, presence, frequency, repetition):
     """vLLM's dense formulation, written out with bin counts."""
     num_rows, vocab_size = logits.shape
-    _, prompt_mask = get_token_bin_counts_and_mask(make_padded_tensor(prompts, vocab_size, "cpu"), vocab_size, num_rows)
+    padded_prompts = make_padded_tensor(prompts, vocab_size, "cpu")
+    _, prompt_mask = get_token_bin_counts_and_mask(padded_prompts, vocab_size, num_rows)
     counts, output_mask = get_token_bin_counts_and_mask(make_padded_tensor(outputs, vocab_size, "cpu"),
                                                         vocab_size, num_rows)
     rep = torch.where(prompt_mask | output_mask, torch.tensor(repetition).unsqueeze(1), 1.0)

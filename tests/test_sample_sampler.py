@@ -41,7 +41,8 @@ def chi_square_ok(samples: torch.Tensor, expected_probs: torch.Tensor) -> None:
     assert counts[~support].sum() == 0, f"sampled outside the support: {counts[~support].nonzero().tolist()}"
     stat = ((counts[support] - expected[support]) ** 2 / expected[support]).sum().item()
     dof = max(1, int(support.sum()) - 1)
-    assert stat < dof + 5 * math.sqrt(2 * dof) + 5, (stat, counts[support].tolist(), expected[support].tolist())
+    bound = dof + 5 * math.sqrt(2 * dof) + 5
+    assert stat < bound, (stat, counts[support].tolist(), expected[support].tolist())
 
 
 def expected_distribution(logits_row, temperature, top_k, top_p):
@@ -112,7 +113,8 @@ def test_seeded_request_gets_the_same_tokens_alone_and_batched(use_fused):
 def test_fused_path_only_samples_inside_the_native_kept_set(seed, first_window):
     gen = torch.Generator().manual_seed(seed)
     vocab_size, repeats = 200, 50
-    logits = torch.randn(6, vocab_size, generator=gen) * torch.tensor([[0.5], [1.0], [2.0], [4.0], [8.0], [1.0]])
+    scales = torch.tensor([[0.5], [1.0], [2.0], [4.0], [8.0], [1.0]])
+    logits = torch.randn(6, vocab_size, generator=gen) * scales
     logits[5, :4] = 3.0  # exact ties
     k = torch.randint(0, 40, (6,), generator=gen)
     p = torch.rand(6, generator=gen).clamp(min=0.05)
@@ -334,7 +336,8 @@ def test_metadata_fields_are_none_when_unused_and_packed_otherwise():
 
 def test_logitsprocs_passed_in_are_used_as_is():
     procs = build_logitsprocs(None, 5)
-    procs.update_state(BatchUpdate(1, [], [(0, SamplingParams(temperature=0.0, logit_bias={4: 50.0}), [], [])], []))
+    biased = SamplingParams(temperature=0.0, logit_bias={4: 50.0})
+    procs.update_state(BatchUpdate(1, [], [(0, biased, [], [])], []))
     # The row's own params say nothing about bias: the persistent processors decide.
     out = sample(torch.zeros(1, 5), [SamplingParams(temperature=0.0)], logitsprocs=procs)
     assert out.sampled_token_ids.tolist() == [4]

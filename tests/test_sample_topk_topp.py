@@ -84,7 +84,8 @@ def test_mostly_and_entirely_minus_inf_rows_stay_valid():
     logits[0, 3] = 1.0  # one allowed token (grammar mask)
     logits[1, [2, 9]] = torch.tensor([0.5, 0.4])
     # row 2: everything masked
-    for k, p in ((torch.tensor([5, 1, 3]), torch.tensor([0.5, 0.9, 0.1])), (None, torch.tensor([0.1, 0.2, 0.3])),
+    for k, p in ((torch.tensor([5, 1, 3]), torch.tensor([0.5, 0.9, 0.1])),
+                 (None, torch.tensor([0.1, 0.2, 0.3])),
                  (torch.tensor([4, 4, 4]), None)):
         out = apply_top_k_top_p(logits.clone(), k, p)
         assert not torch.isnan(out).any()
@@ -95,7 +96,8 @@ def test_top_k_only_matches_sort_path():
     torch.manual_seed(3)
     logits = torch.randn(8, 100)
     k = torch.tensor([1, 2, 10, 0, 99, 100, 50, 7])
-    assert torch.equal(apply_top_k_only(logits.clone(), k), apply_top_k_top_p(logits.clone(), k, torch.ones(8)))
+    sort_path = apply_top_k_top_p(logits.clone(), k, torch.ones(8))
+    assert torch.equal(apply_top_k_only(logits.clone(), k), sort_path)
 
 
 def test_bad_shapes_raise_value_error():

@@ -7,10 +7,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest  # noqa: E402
+import pytest
 
-from mini import LLM, SamplingParams  # noqa: E402
-from mini.viz import (  # noqa: E402
+from mini import LLM, SamplingParams
+from mini.viz import (
     batch_layout,
     batch_layout_from_inputs,
     batch_layout_widget,

@@ -8,8 +8,9 @@ blocks always cover `request.num_computed_tokens + num_new_tokens` tokens.
 
 from __future__ import annotations
 
+from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
-from mini.core.kv_cache_utils import KVCacheBlock, hash_request_blocks
+from mini.core.kv_cache_utils import KVCacheBlock
 from mini.core.request import Request
 
 
@@ -48,7 +49,7 @@ class KVCacheManager:
 
     def _block_hashes(self, request: Request) -> list[int]:
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
-        return hash_request_blocks(request.all_token_ids, self.block_size, hashes)
+        return kv_cache_utils.hash_request_blocks(request.all_token_ids, self.block_size, hashes)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest run of cached leading blocks, and how many tokens they hold.

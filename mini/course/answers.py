@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mini.course.notebook_format import read_notebook
-
 _DEFINITION = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
 
 
@@ -109,6 +107,8 @@ def _strip_magics(source: str) -> str:
 
 
 def load_answers(path: str | Path) -> NotebookAnswers:
+    from mini.course.notebook_format import read_notebook  # nbformat is slow to import: only when grading
+
     path = Path(path)
     notebook = read_notebook(path)
     answers = NotebookAnswers(path=path, namespace={"__name__": "__lab__"})

@@ -124,16 +124,18 @@ class LLMEngine:
         arrival_time = time.time() if arrival_time is None else arrival_time
         core_request = self.input_processor.process(request_id, prompt, params, arrival_time, priority)
 
+        # The scheduler goes first: it may still refuse a request that can never fit the KV pool,
+        # and then nothing has been registered anywhere.
         if params.n == 1:
-            self.output_processor.add_request(core_request)
             self.scheduler.add_request(Request.from_engine_core_request(core_request))
+            self.output_processor.add_request(core_request)
             return
         parent = ParentRequest(core_request)
         for index in range(params.n):
             child_id, child_params = parent.get_child_info(index)
             child = dataclasses.replace(core_request, request_id=child_id, sampling_params=child_params)
-            self.output_processor.add_request(child, parent, index)
             self.scheduler.add_request(Request.from_engine_core_request(child))
+            self.output_processor.add_request(child, parent, index)
 
     def step(self) -> list[RequestOutput]:
         """One engine iteration: schedule, run the model once, turn its tokens into outputs."""

@@ -98,10 +98,15 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        input_dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x.to(input_dtype)
+        return rms_norm(x, self.weight, self.variance_epsilon)  # the module-level function, looked up per call
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x / sqrt(mean(x**2, last dim) + eps) * weight`: the statistics in float32, then back to x's dtype."""
+    input_dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(input_dtype)
 
 
 class LlamaMLP(nn.Module):

@@ -54,7 +54,9 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.
     return LogprobsTensors(token_ids, token_logprobs, token_ranks)
 
 
-def logprobs_to_dicts(tensors: LogprobsTensors, num_logprobs: list[int | None]) -> list[dict[int, float] | None]:
+def logprobs_to_dicts(
+    tensors: LogprobsTensors, num_logprobs: list[int | None]
+) -> list[dict[int, float] | None]:
     """One `{token_id: logprob}` dict per row: the row's own top-N plus its sampled token.
 
     `num_logprobs[row]` is that request's `SamplingParams.logprobs` (None: the row asked for none,

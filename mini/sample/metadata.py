@@ -130,7 +130,8 @@ class SamplingMetadata:
             generators={row: g for row, g in generators.items() if not greedy[row]},
             max_num_logprobs=max(requested) if requested else None,
             no_penalties=no_penalties,
-            prompt_token_ids=None if no_penalties else make_padded_tensor(prompt_token_ids, vocab_size, device),
+            prompt_token_ids=(None if no_penalties
+                              else make_padded_tensor(prompt_token_ids, vocab_size, device)),
             frequency_penalties=floats(frequency),
             presence_penalties=floats(presence),
             repetition_penalties=floats(repetition),

@@ -13,8 +13,8 @@ Order of operations (as vLLM's `Sampler.forward` / `Sampler.sample`):
 6. greedy and random rows are merged with one `torch.where`.
 
 The lab-able ops are looked up through their modules at call time (`topk_topp.apply_top_k_top_p`,
-`penalties.apply_all_penalties`, `topk_topp_sampler.random_sample`) so `mini.labs.plug` can swap them. The sampler may modify `logits`
-in place, as vLLM's does.
+`penalties.apply_all_penalties`, `topk_topp_sampler.random_sample`) so `mini.labs.plug` can swap
+them. The sampler may modify `logits` in place, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ class Sampler(nn.Module):
             logits = processor.apply(logits)
         if self._fused_allowed():
             active = None if greedy is None else metadata.temperature >= SAMPLING_EPS
-            sampled = sampler_ops.sample_fused(logits, metadata.top_k, metadata.top_p, metadata.generators, active)
+            sampled = sampler_ops.sample_fused(logits, metadata.top_k, metadata.top_p, metadata.generators,
+                                               active)
         else:
             sampled = sampler_ops.sample_native(logits, metadata.top_k, metadata.top_p, metadata.generators)
         if greedy is None:

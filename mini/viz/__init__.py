@@ -4,9 +4,17 @@ Mirrors no vllm/v1 file; each view draws the state of the vLLM module it names:
 
 - `recording`: `record_run(llm, prompts, params)` steps a real engine and snapshots the KV state;
 - `block_table`: KV pool grid, block tables, ref counts, free queue (vllm/v1/core/block_pool.py);
+- `attention_mask`: which cache slots each query token reads (vllm/v1/attention/backends/flash_attn.py);
+- `kernel_access`: which decode-kernel program reads which KV slots (mini/attention/triton_paged.py);
 - `batch_layout`: the flat batch of one step (vllm/v1/worker/gpu_model_runner.py `_prepare_inputs`).
 """
 
+from mini.viz.attention_mask import (
+    AttentionMaskView,
+    attention_mask_from_batch,
+    attention_mask_view,
+    plot_attention_mask,
+)
 from mini.viz.batch_layout import (
     BatchLayout,
     batch_layout,
@@ -22,11 +30,58 @@ from mini.viz.block_table import (
     plot_block_table,
     render_block_table_html,
 )
+from mini.viz.kernel_access import (
+    KernelAccess,
+    kernel_access_widget,
+    plot_kernel_access,
+    record_paged_decode,
+    replay_paged_decode,
+)
 from mini.viz.recording import EngineRecording, KVSnapshot, record_run, snapshot_engine
 
 __all__ = [
-    "BatchLayout", "BlockTableView", "EngineRecording", "KVSnapshot", "batch_layout",
-    "batch_layout_from_inputs", "batch_layout_widget", "block_table_view", "block_table_widget",
+    "AttentionMaskView", "BatchLayout", "BlockTableView", "EngineRecording", "KVSnapshot",
+    "attention_mask_from_batch", "attention_mask_view", "batch_layout", "batch_layout_from_inputs",
+    "batch_layout_widget", "block_table_view", "block_table_widget", "plot_attention_mask",
     "plot_batch_layout", "plot_block_table", "record_run", "render_batch_layout_html",
     "render_block_table_html", "snapshot_engine",
 ]
+__all__ += ["KernelAccess", "kernel_access_widget", "plot_kernel_access", "record_paged_decode",
+            "replay_paged_decode"]
+from mini.viz.sampling_plots import (
+    PipelineStage,
+    chi_square,
+    plot_frequencies,
+    plot_sampling_pipeline,
+    sampled_frequencies,
+    sampling_pipeline_stages,
+)
+
+__all__ += ["PipelineStage", "chi_square", "plot_frequencies", "plot_sampling_pipeline", "sampled_frequencies",
+            "sampling_pipeline_stages"]
+from mini.viz.batch_rows import (
+    BatchRowsRecording,
+    BatchRowsStep,
+    batch_rows_widget,
+    plot_batch_rows,
+    record_batch_updates,
+    record_input_batch,
+    recording_from_updates,
+    render_batch_rows_html,
+    replay_batch_update,
+)
+
+__all__ += ["BatchRowsRecording", "BatchRowsStep", "batch_rows_widget", "plot_batch_rows", "record_batch_updates",
+            "record_input_batch", "recording_from_updates", "render_batch_rows_html", "replay_batch_update"]
+from mini.viz.scheduler_timeline import (
+    SchedulerTimeline,
+    TimelineStep,
+    plot_batching_comparison,
+    plot_scheduler_timeline,
+    record_timeline,
+    render_timeline_html,
+    scheduler_timeline_widget,
+)
+
+__all__ += ["SchedulerTimeline", "TimelineStep", "plot_batching_comparison", "plot_scheduler_timeline",
+            "record_timeline", "render_timeline_html", "scheduler_timeline_widget"]

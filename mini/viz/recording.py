@@ -60,6 +60,7 @@ class KVSnapshot:
 class EngineRecording:
     snapshots: list[KVSnapshot]
     request_ids: list[str]  # in the order they were added (fixes each request's colour)
+    output_token_ids: dict[str, list[int]] = field(default_factory=dict)  # each finished request's tokens
 
     def __len__(self) -> int:
         return len(self.snapshots)
@@ -143,6 +144,7 @@ def record_run(llm: Any, prompts: Sequence[Any], params: Any, max_steps: int = 1
         captured.append(output)
         return output
 
+    output_token_ids: dict[str, list[int]] = {}
     snapshots = [snapshot_engine(engine, 0)]
     if on_step is not None:
         on_step(engine, snapshots[0])
@@ -155,6 +157,8 @@ def record_run(llm: Any, prompts: Sequence[Any], params: Any, max_steps: int = 1
             outputs = engine.step()
             snapshot = snapshot_engine(engine, step, captured[-1] if captured else None)
             snapshot.finished = [out.request_id for out in outputs if out.finished]
+            output_token_ids.update({out.request_id: list(out.outputs[0].token_ids) for out in outputs
+                                     if out.finished})
             snapshot.events = describe_changes(snapshots[-1], snapshot)
             snapshot.events += [f"finish {req_id}" for req_id in snapshot.finished]
             snapshots.append(snapshot)
@@ -162,4 +166,4 @@ def record_run(llm: Any, prompts: Sequence[Any], params: Any, max_steps: int = 1
                 on_step(engine, snapshot)
     finally:
         del scheduler.schedule  # drop the instance attribute: the class method is back
-    return EngineRecording(snapshots=snapshots, request_ids=request_ids)
+    return EngineRecording(snapshots=snapshots, request_ids=request_ids, output_token_ids=output_token_ids)

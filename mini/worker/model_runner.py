@@ -122,16 +122,7 @@ class ModelRunner:
             [state.block_ids for state in states],
             self.block_size,
         ).to(self.device)
-        metadata = AttentionMetadata(
-            num_actual_tokens=int(inputs.input_ids.shape[0]),
-            query_start_loc=inputs.query_start_loc,
-            seq_lens=inputs.seq_lens,
-            block_table=inputs.block_table,
-            slot_mapping=inputs.slot_mapping,
-            max_query_len=max(scheduled),
-            max_seq_len=max(state.num_computed_tokens + n for state, n in zip(states, scheduled)),
-        )
-        return inputs, metadata
+        return inputs, build_attention_metadata(inputs)  # module-level functions: looked up per call
 
     # ------------------------------------------------------------------ 3-5. the step
     @torch.inference_mode()
@@ -141,8 +132,7 @@ class ModelRunner:
             return ModelRunnerOutput.empty()
         inputs, metadata = self.prepare_inputs(scheduler_output)
         self.last_inputs, self.last_attn_metadata = inputs, metadata
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        hidden, logits = run_model(self.model, self.kv_caches, inputs, metadata)
 
         states = self.input_batch.occupied_requests()
         seq_lens = inputs.seq_lens.tolist()
@@ -230,3 +220,30 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, snapshot["attn_metadata"])
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
+
+# ---------------------------------------------------------------------- pure step functions (phase 04)
+def build_attention_metadata(inputs: batch_inputs.PreparedInputs) -> AttentionMetadata:
+    """The attention layers' view of the step's flat tensors (same tensors, plus two maxima)."""
+    query_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
+    return AttentionMetadata(
+        num_actual_tokens=int(inputs.input_ids.shape[0]),
+        query_start_loc=inputs.query_start_loc,
+        seq_lens=inputs.seq_lens,
+        block_table=inputs.block_table,
+        slot_mapping=inputs.slot_mapping,
+        max_query_len=int(query_lens.max()),
+        max_seq_len=int(inputs.seq_lens.max()),
+    )
+
+
+def run_model(
+    model: torch.nn.Module, kv_caches: list[torch.Tensor], inputs: batch_inputs.PreparedInputs,
+    metadata: AttentionMetadata,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over the flat batch -> (hidden `[T, H]`, float32 logits `[B, V]`).
+
+    The forward writes every new token's K/V into `kv_caches`; only the rows at `logits_indices`
+    (each request's last scheduled token) go through the LM head.
+    """
+    hidden = model(inputs.input_ids, inputs.positions, kv_caches, metadata)
+    return hidden, model.compute_logits(hidden[inputs.logits_indices])

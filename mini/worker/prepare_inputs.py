@@ -79,6 +79,15 @@ def compute_slot_mapping(
     return block_numbers * block_size + positions.long() % block_size
 
 
+def compute_logits_indices(query_start_loc: torch.Tensor) -> torch.Tensor:
+    """int64 `[B]`: the flat row of each request's LAST scheduled token, `query_start_loc[1:] - 1`.
+
+    Only these rows go through the LM head: the hidden state of a request's last new token predicts
+    its next token; the other rows only filled the KV cache.
+    """
+    return query_start_loc[1:].long() - 1
+
+
 def make_block_table(block_ids: Sequence[Sequence[int]]) -> torch.Tensor:
     """int32 `[B, max_num_blocks]`, each row right-padded with 0 (the null block)."""
     width = max((len(row) for row in block_ids), default=0) or 1
@@ -117,7 +126,7 @@ def prepare_inputs(
         seq_lens=seq_lens,
         slot_mapping=slot_mapping,
         block_table=block_table,
-        logits_indices=query_start_loc[1:].long() - 1,
+        logits_indices=compute_logits_indices(query_start_loc),
     )
 
 

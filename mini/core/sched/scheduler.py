@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
+from mini.core.sched import utils as sched_utils
 from mini.core.sched.output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -29,7 +30,6 @@ from mini.core.sched.output import (
 )
 from mini.core.sched.record import make_step_record
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
-from mini.core.sched.utils import check_stop
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
@@ -265,7 +265,7 @@ class Scheduler:
             is_stopped = False
             for position, token_id in enumerate(new_token_ids):
                 request.append_output_token_ids(int(token_id))
-                if check_stop(request, self.max_request_len):
+                if sched_utils.check_stop(request, self.max_request_len):
                     is_stopped = True
                     new_token_ids = new_token_ids[:position + 1]
                     break

@@ -41,7 +41,8 @@ def resolve_logitsproc_class(spec: type[LogitsProcessor] | str) -> type[LogitsPr
             raise ValueError(f"logits_processors entry {spec!r} must look like 'package.module:ClassName'")
         spec = getattr(importlib.import_module(module_name), class_name)
     if not (isinstance(spec, type) and issubclass(spec, LogitsProcessor)):
-        raise TypeError(f"logits_processors entries must be LogitsProcessor subclasses (or their import path), "
+        raise TypeError("logits_processors entries must be LogitsProcessor subclasses "
+                        f"(or their import path), "
                         f"got {spec!r}")
     return spec
 
@@ -58,7 +59,8 @@ def build_logitsprocs(
     """The built-in processors plus one instance of each custom class, ready for update_state/apply."""
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-    config = LogitsProcessorConfig(vocab_size=vocab_size, max_num_reqs=max_num_reqs, engine_config=engine_config)
+    config = LogitsProcessorConfig(vocab_size=vocab_size, max_num_reqs=max_num_reqs,
+                                   engine_config=engine_config)
     device = torch.device(device)
     classes = list(BUILTIN_LOGITS_PROCESSORS) + [resolve_logitsproc_class(c) for c in custom_classes or ()]
     return LogitsProcessors.from_processors([cls(config, device, is_pin_memory) for cls in classes])

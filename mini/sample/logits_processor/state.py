@@ -68,7 +68,8 @@ class BatchUpdateBuilder:
 
     def moved_append(self, moved: MovedRequest) -> None:
         if not isinstance(moved[2], MoveDirectionality):
-            raise TypeError(f"moved[2] must be a MoveDirectionality (UNIDIRECTIONAL or SWAP), got {moved[2]!r}")
+            raise TypeError(
+                f"moved[2] must be a MoveDirectionality (UNIDIRECTIONAL or SWAP), got {moved[2]!r}")
         self.moved.append(moved)
         self.batch_changed = True
 

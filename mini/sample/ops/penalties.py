@@ -22,7 +22,7 @@ import torch
 def get_token_bin_counts_and_mask(
     token_ids: torch.Tensor, vocab_size: int, num_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row token counts [num_rows, vocab_size] and the mask counts > 0, from padded ids (dense, as vLLM)."""
+    """Per-row token counts [num_rows, vocab_size] and the mask counts > 0 (dense, as vLLM; ids padded)."""
     counts = torch.zeros((num_rows, vocab_size + 1), dtype=torch.long, device=token_ids.device)
     counts.scatter_add_(1, token_ids, torch.ones_like(token_ids))
     counts = counts[:, :vocab_size]

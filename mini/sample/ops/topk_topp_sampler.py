@@ -54,7 +54,8 @@ def sample_native(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor 
     return random_sample(probs, generators)
 
 
-def _race(probs: torch.Tensor, seeded_races: dict[int, torch.Tensor], token_ids: torch.Tensor | None) -> torch.Tensor:
+def _race(probs: torch.Tensor, seeded_races: dict[int, torch.Tensor],
+          token_ids: torch.Tensor | None) -> torch.Tensor:
     """argmax(probs / E) where seeded rows use their pre-drawn full-vocabulary E (gathered by token id)."""
     race = torch.empty_like(probs)
     if len(seeded_races) != probs.shape[0]:
@@ -72,7 +73,8 @@ def _row_mass(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _window_sample(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor, window: int,
-                   seeded_races: dict[int, torch.Tensor], row_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   seeded_races: dict[int, torch.Tensor],
+                   row_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample inside each row's top-`window` tokens; also return which rows needed a wider window.
 
     `row_mass` is `_row_mass` of the full rows; it is used for rows with top-p but no top-k.

@@ -1,0 +1,261 @@
+"""Checks for phase 04 (the model runner), against mini's reference and Hugging Face transformers.
+
+    check_logits_indices(compute_logits_indices)
+    check_rms_norm(rms_norm)                        # vs transformers' LlamaRMSNorm
+    check_apply_rotary(apply_rotary)                # vs transformers' apply_rotary_pos_emb
+    check_build_attention_metadata(build_attention_metadata)
+    check_run_model(run_model)                      # several engine steps vs transformers' logits
+
+The model checks build a tiny random Llama (2 layers, 4 query heads over 2 KV heads) from a config, in
+memory, and copy the same weights into mini's model: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from labs.checks.common import calling, expect_equal, passed
+from mini.worker import model_runner as runner
+from mini.worker import prepare_inputs as prep
+
+WORKED_EXAMPLE = {  # phase 02's prompts, block_size 4; step 1 prefills, step 2 decodes
+    "token_ids": [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]],
+    "block_ids": [[1, 2], [3, 4], [5]],
+    "block_size": 4,
+}
+
+
+def _random_step(rng: random.Random) -> dict[str, Any]:
+    block_size = rng.choice([1, 2, 4, 8, 16])
+    num_reqs = rng.randint(1, 5)
+    free_ids = list(range(1, 256))
+    rng.shuffle(free_ids)
+    token_ids, computed, scheduled, block_ids = [], [], [], []
+    for _ in range(num_reqs):
+        total = rng.randint(1, 40)
+        num_new = 1 if rng.random() < 0.4 else rng.randint(1, total)
+        token_ids.append([rng.randrange(100) for _ in range(total)])
+        computed.append(total - num_new)
+        scheduled.append(num_new)
+        block_ids.append([free_ids.pop() for _ in range(-(-total // block_size))])
+    return {"token_ids": token_ids, "num_computed_tokens": computed, "num_scheduled_tokens": scheduled,
+            "block_ids": block_ids, "block_size": block_size}
+
+
+def _steps(seeds: Iterable[int]) -> list[dict[str, Any]]:
+    prefill = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [5, 7, 3]}
+    decode = {**WORKED_EXAMPLE, "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
+              "num_computed_tokens": [5, 7, 3], "num_scheduled_tokens": [1, 1, 1]}
+    return [prefill, decode, *(_random_step(random.Random(seed)) for seed in seeds)]
+
+
+def _close(atol: float) -> Callable[[Any, Any], bool]:
+    def equal(expected: torch.Tensor, got: Any) -> bool:
+        return (isinstance(got, torch.Tensor) and got.shape == expected.shape
+                and torch.allclose(got.float(), expected.float(), atol=atol, rtol=1e-4))
+    return equal
+
+
+def _expect_close_rows(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str,
+                       atol: float = 1e-4) -> None:
+    """Shape first, then the list of rows (first dim) that differ: short counterexamples for big tensors."""
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
+            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}")
+    expect_equal(f"{what}: shape", inputs, list(expected.shape), list(got.shape), hint)
+    error = (got.float() - expected.float()).abs().flatten(1).amax(dim=1)
+    wrong = (error > atol + 1e-4 * expected.float().abs().flatten(1).amax(dim=1)).nonzero().flatten().tolist()
+    expect_equal(f"{what}: rows that differ", inputs, [], wrong, hint)
+
+
+def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str) -> None:
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
+            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}")
+    expect_equal(what, inputs, expected.tolist(), got.tolist(), hint)
+    expect_equal(f"{what} dtype", inputs, expected.dtype, got.dtype, "the values are right; check the dtype")
+
+
+# ------------------------------------------------------------------------------------ logits_indices
+def check_logits_indices(compute_logits_indices: Callable, seeds: Iterable[int] = range(20)) -> None:
+    cases = _steps(seeds)
+    for case in cases:
+        query_start_loc = prep.compute_query_start_loc(case["num_scheduled_tokens"])
+        inputs = {"query_start_loc": query_start_loc.tolist()}
+        expected = prep.compute_logits_indices(query_start_loc)
+        with calling("compute_logits_indices", inputs):
+            got = compute_logits_indices(query_start_loc.clone())
+        _expect_tensor("compute_logits_indices", inputs, expected, got,
+                       "int64, one entry per request: the flat row of its LAST scheduled token, "
+                       "query_start_loc[i + 1] - 1")
+    passed("check_logits_indices", len(cases))
+
+
+# ------------------------------------------------------------------------------------------ rms_norm
+def check_rms_norm(rms_norm: Callable, seeds: Iterable[int] = range(20)) -> None:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    shapes = [((6, 64), torch.float32), ((6, 4, 16), torch.float32), ((3, 32), torch.bfloat16)]
+    for seed in seeds:
+        rng = random.Random(seed)
+        shape = (rng.randint(1, 9), rng.choice([8, 32, 64])) if seed % 2 else (
+            rng.randint(1, 9), rng.choice([1, 2, 4]), rng.choice([8, 16]))
+        shapes.append((shape, torch.bfloat16 if seed % 5 == 4 else torch.float32))
+    for number, (shape, dtype) in enumerate(shapes):
+        generator = torch.Generator().manual_seed(number)
+        eps = [1e-6, 1e-5][number % 2]
+        hf_norm = LlamaRMSNorm(shape[-1], eps=eps).to(dtype)
+        with torch.no_grad():
+            hf_norm.weight.copy_(1 + 0.5 * torch.randn(shape[-1], generator=generator))
+        x = (3 * torch.randn(shape, generator=generator)).to(dtype)
+        with torch.no_grad():
+            expected = hf_norm(x)
+        weight = hf_norm.weight.detach().clone()
+        inputs = {"x.shape": list(shape), "x.dtype": str(dtype), "eps": eps}
+        with calling("rms_norm", inputs):
+            got = rms_norm(x.clone(), weight, eps)
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        expect_equal("rms_norm (vs transformers' LlamaRMSNorm)", inputs, expected, got,
+                     "over the LAST dim: x * rsqrt(mean(x**2) + eps), computed in float32, cast back to "
+                     "x's dtype, then times weight", equal=_close(tolerance))
+        expect_equal("rms_norm dtype", inputs, expected.dtype, got.dtype,
+                     "cast the normalized x back to its dtype BEFORE multiplying by weight (as transformers)")
+    passed("check_rms_norm", len(shapes))
+
+
+# -------------------------------------------------------------------------------------- apply_rotary
+def check_apply_rotary(apply_rotary: Callable, seeds: Iterable[int] = range(20)) -> None:
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    cases = [([6, 7, 8, 9, 5, 2], 4, 16, 10000.0)]  # phase 03's mixed batch: a chunk and two decodes
+    for seed in seeds:
+        rng = random.Random(seed)
+        positions = [rng.randrange(200) for _ in range(rng.randint(1, 12))]
+        cases.append((positions, rng.choice([1, 2, 4]), rng.choice([4, 8, 16, 32]), rng.choice([1e4, 5e5])))
+    for number, (positions, heads, head_dim, theta) in enumerate(cases):
+        config = transformers.LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads,
+                                          max_position_embeddings=256, rope_theta=theta)
+        rotary = LlamaRotaryEmbedding(config)
+        x = torch.randn(len(positions), heads, head_dim, generator=torch.Generator().manual_seed(number))
+        cos, sin = rotary(x, torch.tensor([positions]))
+        cos, sin = cos[0], sin[0]  # [T, head_dim]: one row per flat token, from its own position
+        hf_x = x.transpose(0, 1)[None]  # transformers wants [batch, heads, seq, head_dim]
+        expected, _ = apply_rotary_pos_emb(hf_x, hf_x, cos[None], sin[None])
+        expected = expected[0].transpose(0, 1)
+        inputs = {"positions": positions, "x.shape": list(x.shape), "rope_theta": theta}
+        with calling("apply_rotary", inputs):
+            got = apply_rotary(x.clone(), cos.clone(), sin.clone())
+        expect_equal("apply_rotary (vs transformers' apply_rotary_pos_emb)", inputs, expected, got,
+                     "x * cos + rotate_half(x) * sin, where rotate_half(x) = cat(-x2, x1) of x's two halves; "
+                     "cos/sin are [T, head_dim]: broadcast them over the heads dim", equal=_close(1e-5))
+    passed("check_apply_rotary", len(cases))
+
+
+# -------------------------------------------------------------------------- build_attention_metadata
+def check_build_attention_metadata(build_attention_metadata: Callable, seeds: Iterable[int] = range(20)) -> None:
+    cases = _steps(seeds)
+    for case in cases:
+        step_inputs = prep.prepare_inputs(case["token_ids"], case["num_computed_tokens"],
+                                          case["num_scheduled_tokens"], case["block_ids"], case["block_size"])
+        expected = runner.build_attention_metadata(step_inputs)
+        inputs = {"num_computed_tokens": case["num_computed_tokens"],
+                  "num_scheduled_tokens": case["num_scheduled_tokens"],
+                  "query_start_loc": step_inputs.query_start_loc.tolist(), "seq_lens": step_inputs.seq_lens.tolist()}
+        with calling("build_attention_metadata", inputs):
+            got = build_attention_metadata(step_inputs)
+        for name in ("num_actual_tokens", "max_query_len", "max_seq_len"):
+            expect_equal(f"build_attention_metadata(...).{name}", inputs, getattr(expected, name),
+                         getattr(got, name, None), "num_actual_tokens = flat rows; max_query_len = the most new "
+                         "tokens of one request; max_seq_len = the longest seq_len (plain ints)")
+        for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+            _expect_tensor(f"build_attention_metadata(...).{name}", inputs, getattr(expected, name),
+                           getattr(got, name, None), f"pass inputs.{name} through unchanged")
+    passed("check_build_attention_metadata", len(cases))
+
+
+# -------------------------------------------------------------------------------------------- run_model
+@functools.lru_cache(maxsize=1)
+def tiny_models() -> tuple[Any, Any]:
+    """(transformers LlamaForCausalLM, mini LlamaForCausalLM) with the same random weights."""
+    import transformers
+
+    from mini.model.llama import LlamaForCausalLM
+    from mini.model.loader import load_weights
+
+    config = transformers.LlamaConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.15, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    load_weights(model, iter(hf_model.state_dict().items()))
+    return hf_model, model
+
+
+def _scenario(rng: random.Random | None) -> dict[str, Any]:
+    """Requests with fixed token lists, computed over several steps in chunks (1 token = a decode)."""
+    if rng is None:  # phase 02's prompts: a prefill step, then decodes
+        token_ids = [t + [20 + i, 30 + i, 40 + i] for i, t in enumerate(WORKED_EXAMPLE["token_ids"])]
+        return {"token_ids": token_ids, "prompt_lens": [5, 7, 3], "chunk": [99, 99, 99], "block_size": 4}
+    num_reqs = rng.randint(1, 4)
+    prompt_lens = [rng.randint(1, 14) for _ in range(num_reqs)]
+    token_ids = [[rng.randrange(101) for _ in range(n + rng.randint(1, 3))] for n in prompt_lens]
+    return {"token_ids": token_ids, "prompt_lens": prompt_lens, "chunk": [rng.randint(1, 6) for _ in prompt_lens],
+            "block_size": rng.choice([1, 2, 4, 8])}
+
+
+def check_run_model(run_model: Callable, seeds: Iterable[int] = range(6)) -> None:
+    hf_model, model = tiny_models()
+    scenarios = [_scenario(None), *(_scenario(random.Random(seed)) for seed in seeds)]
+    num_steps = 0
+    for scenario in scenarios:
+        token_ids, block_size = scenario["token_ids"], scenario["block_size"]
+        with torch.no_grad():
+            hf_logits = [hf_model(torch.tensor([ids])).logits[0] for ids in token_ids]  # [len, vocab] each
+        free = list(range(1, 1 + sum(-(-len(ids) // block_size) for ids in token_ids)))
+        random.Random(len(free)).shuffle(free)
+        block_ids = [[free.pop() for _ in range(-(-len(ids) // block_size))] for ids in token_ids]
+        shape = model.kv_cache_shape(sum(map(len, block_ids)) + 1, block_size)  # + the null block 0
+        caches = [torch.zeros(shape) for _ in range(model.config.num_hidden_layers)]
+        expected_caches = [torch.zeros(shape) for _ in range(model.config.num_hidden_layers)]
+        computed = [0] * len(token_ids)
+        for step in range(1, 100):
+            rows = [i for i, ids in enumerate(token_ids) if computed[i] < len(ids)]
+            if not rows:
+                break
+            scheduled = [min(scenario["chunk"][i], scenario["prompt_lens"][i] - computed[i])
+                         if computed[i] < scenario["prompt_lens"][i] else 1 for i in rows]
+            step_inputs = prep.prepare_inputs([token_ids[i] for i in rows], [computed[i] for i in rows], scheduled,
+                                              [block_ids[i] for i in rows], block_size)
+            metadata = runner.build_attention_metadata(step_inputs)
+            with torch.no_grad():
+                expected_hidden, _ = runner.run_model(model, expected_caches, step_inputs, metadata)
+            inputs = {"step": step, "token_ids": [token_ids[i] for i in rows],
+                      "num_computed_tokens": [computed[i] for i in rows], "num_scheduled_tokens": scheduled,
+                      "block_size": block_size}
+            with calling("run_model", inputs), torch.no_grad():
+                got = run_model(model, caches, step_inputs, metadata)
+            if not (isinstance(got, tuple) and len(got) == 2):
+                raise AssertionError(f"run_model must return (hidden, logits), got {type(got).__name__}\n"
+                                     f"  inputs: {inputs}")
+            hidden, logits = got
+            _expect_close_rows("run_model hidden states [T, hidden_size]", inputs, expected_hidden, hidden,
+                               "model(input_ids, positions, kv_caches, metadata) over the whole flat batch; "
+                               "a wrong row at a later step means the K/V of an earlier step never reached "
+                               "kv_caches")
+            last_positions = [computed[i] + n - 1 for i, n in zip(rows, scheduled)]
+            hf_rows = torch.stack([hf_logits[i][p] for i, p in zip(rows, last_positions)])
+            _expect_close_rows("run_model logits [num_reqs, vocab] (vs transformers on the full sequences)",
+                               inputs, hf_rows, logits,
+                               "one row per request: model.compute_logits(hidden[inputs.logits_indices])")
+            for i, n in zip(rows, scheduled):
+                computed[i] += n
+            num_steps += 1
+    passed("check_run_model", num_steps)

@@ -1,0 +1,261 @@
+"""Checks for phase 05 (the scheduler), against mini.core.sched.scheduler.
+
+    check_num_tokens_to_schedule(num_tokens_to_schedule)
+    check_select_preemption_victim(select_preemption_victim)
+    check_schedule(schedule)
+
+`check_schedule` is the capstone: it runs the same workload through two schedulers, one with the
+reference `Scheduler.schedule` and one with the candidate bound as its `schedule` method, feeding both
+the same fake model (the next token is a hash of the context), and compares every SchedulerOutput and
+the scheduler state after every step. No model, no tensors: a few milliseconds per step.
+
+The worked example of the phase: block_size 4, 12 KV blocks (11 usable: 44 token slots), a budget of
+16 tokens per step, max_num_seqs 3, long_prefill_token_threshold 8, and six requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from labs.checks.common import calling, expect_equal, passed
+from mini.core.kv_cache_manager import KVCacheManager
+from mini.core.request import Request
+from mini.core.sched import scheduler as reference
+from mini.core.sched.request_queue import SchedulingPolicy
+from mini.sampling_params import SamplingParams
+
+VOCAB_SIZE = 50
+
+WORKED_CONFIG = {"block_size": 4, "num_gpu_blocks": 12, "max_num_batched_tokens": 16, "max_num_seqs": 3,
+                 "long_prefill_token_threshold": 8, "enable_chunked_prefill": True, "scheduling_policy": "fcfs",
+                 "enable_prefix_caching": False, "max_model_len": 64}
+# (prompt length, max_tokens): prefill chunks, long decodes, and a preemption when the pool runs dry.
+WORKED_REQUESTS = [(14, 4), (3, 12), (20, 3), (5, 8), (9, 3), (4, 6)]
+
+
+# ------------------------------------------------------------------------------ num_tokens_to_schedule
+def _num_tokens_cases(seeds: Iterable[int]) -> list[dict[str, int]]:
+    def case(num_tokens, computed, budget, threshold=0, max_model_len=64):
+        return {"num_tokens": num_tokens, "num_computed_tokens": computed, "token_budget": budget,
+                "long_prefill_token_threshold": threshold, "max_model_len": max_model_len}
+
+    cases = [
+        case(14, 0, 16, threshold=8),   # r0 of the worked example: the threshold caps its first chunk at 8
+        case(14, 8, 16, threshold=8),   # ... then the last 6
+        case(20, 0, 5, threshold=8),    # the budget left this step is smaller than the threshold
+        case(11, 10, 16),               # a decode: one token
+        case(30, 0, 16),                # no threshold: as much as the budget allows
+        case(30, 0, 0),                 # no budget left
+        case(64, 62, 16, max_model_len=63),  # never place a token at a position >= max_model_len
+        case(5, 5, 16),                 # nothing left to compute
+    ]
+    for seed in seeds:
+        rng = random.Random(seed)
+        num_tokens = rng.randint(1, 80)
+        computed = rng.randint(0, num_tokens) if rng.random() < 0.8 else num_tokens - 1
+        cases.append(case(num_tokens, computed, rng.randint(0, 40), rng.choice([0, 0, rng.randint(1, 20)]),
+                          rng.randint(max(computed, 1), 100)))
+    return cases
+
+
+def check_num_tokens_to_schedule(num_tokens_to_schedule: Callable, seeds: Iterable[int] = range(40)) -> None:
+    cases = _num_tokens_cases(seeds)
+    for inputs in cases:
+        expected = reference.num_tokens_to_schedule(**inputs)
+        with calling("num_tokens_to_schedule", inputs):
+            got = num_tokens_to_schedule(*inputs.values())
+        expect_equal("num_tokens_to_schedule", inputs, expected, got,
+                     "wanted = num_tokens - num_computed_tokens; cap it by long_prefill_token_threshold (when > 0), "
+                     "by token_budget, and by max_model_len - num_computed_tokens; never below 0")
+    passed("check_num_tokens_to_schedule", len(cases))
+
+
+# ------------------------------------------------------------------------------ select_preemption_victim
+def _running(specs: list[tuple[int, float]]) -> list[Request]:
+    return [Request(f"r{i}", [1], SamplingParams(max_tokens=4), priority=priority, arrival_time=arrival)
+            for i, (priority, arrival) in enumerate(specs)]
+
+
+def _victim_cases(seeds: Iterable[int]) -> list[tuple[list[tuple[int, float]], SchedulingPolicy]]:
+    fixed = [[(0, 0.0), (0, 1.0), (0, 2.0)], [(0, 0.0), (5, 1.0), (1, 2.0)], [(2, 3.0), (2, 1.0), (0, 2.0)],
+             [(1, 0.0), (1, 0.0), (0, 0.0)], [(0, 0.0)]]
+    cases = [(specs, policy) for specs in fixed for policy in SchedulingPolicy]
+    for seed in seeds:
+        rng = random.Random(seed)
+        specs = [(rng.randint(0, 3), float(rng.randint(0, 4))) for _ in range(rng.randint(1, 7))]
+        cases.append((specs, rng.choice(list(SchedulingPolicy))))
+    return cases
+
+
+def check_select_preemption_victim(select_preemption_victim: Callable, seeds: Iterable[int] = range(40)) -> None:
+    cases = _victim_cases(seeds)
+    for specs, policy in cases:
+        inputs = {"running (request_id, priority, arrival_time), oldest admitted first":
+                  [(f"r{i}", p, a) for i, (p, a) in enumerate(specs)], "policy": policy}
+        expected = reference.select_preemption_victim(_running(specs), policy).request_id
+        running = _running(specs)
+        with calling("select_preemption_victim", inputs):
+            got = select_preemption_victim(list(running), policy)
+        got_id = got.request_id if isinstance(got, Request) and any(got is r for r in running) else got
+        expect_equal("select_preemption_victim (the request_id of the victim)", inputs, expected, got_id,
+                     "FCFS: the request at the END of running (admitted last). PRIORITY: the largest "
+                     "(priority, arrival_time); on a tie the one admitted last. Return the Request itself")
+    passed("check_select_preemption_victim", len(cases))
+
+
+# ------------------------------------------------------------------------------ schedule (capstone)
+def next_token(context: list[int]) -> int:
+    """A deterministic fake model: the next token is a hash of the whole context."""
+    digest = hashlib.blake2b(repr(context).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % VOCAB_SIZE
+
+
+@dataclass
+class FakeRunnerOutput:
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]
+    logprobs: None = None
+    prompt_logprobs: dict = field(default_factory=dict)
+
+
+def make_scheduler(config: dict[str, Any]) -> reference.Scheduler:
+    engine_config = SimpleNamespace(**{k: v for k, v in config.items()
+                                       if k not in ("block_size", "num_gpu_blocks", "enable_prefix_caching")})
+    manager = KVCacheManager(config["num_gpu_blocks"], config["block_size"], config["enable_prefix_caching"])
+    return reference.Scheduler(engine_config, manager)
+
+
+def fake_model_output(scheduler: reference.Scheduler, output: Any) -> FakeRunnerOutput:
+    """One token for each request whose prompt (and outputs) are now all computed; [] for a partial prefill."""
+    req_ids = list(output.num_scheduled_tokens)
+    sampled = []
+    for req_id in req_ids:
+        request = scheduler.requests[req_id]
+        done = request.num_computed_tokens >= request.num_tokens
+        sampled.append([next_token(request.all_token_ids)] if done else [])
+    return FakeRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
+
+
+def summarize_output(output: Any) -> dict[str, Any]:
+    cached = output.scheduled_cached_reqs
+    return {
+        "num_scheduled_tokens": list(output.num_scheduled_tokens.items()),
+        "new_reqs (req_id, block_ids, num_computed_tokens)": [
+            (r.req_id, list(r.block_ids), r.num_computed_tokens) for r in output.scheduled_new_reqs],
+        "cached_reqs (req_id, new_block_ids, num_computed_tokens)": list(
+            zip(cached.req_ids, [list(b) for b in cached.new_block_ids], cached.num_computed_tokens)),
+        "preempted_req_ids": sorted(output.preempted_req_ids),
+        "finished_req_ids": sorted(output.finished_req_ids),
+        "partial_prefill_req_ids": sorted(output.partial_prefill_req_ids),
+        "total_num_scheduled_tokens": output.total_num_scheduled_tokens,
+    }
+
+
+def summarize_state(scheduler: reference.Scheduler) -> dict[str, Any]:
+    manager = scheduler.kv_cache_manager
+    return {
+        "running": [r.request_id for r in scheduler.running],
+        "waiting": [r.request_id for r in scheduler.waiting],
+        "num_computed_tokens": {r.request_id: r.num_computed_tokens for r in scheduler.requests.values()},
+        "status": {r.request_id: r.status.name for r in scheduler.requests.values()},
+        "block_ids": {r.request_id: manager.get_block_ids(r.request_id) for r in scheduler.requests.values()},
+        "num_free_blocks": manager.block_pool.get_num_free_blocks(),
+    }
+
+
+def _add_requests(scheduler: reference.Scheduler, specs: list[dict[str, Any]], step: int) -> None:
+    for spec in specs:
+        if spec["arrive"] == step:
+            scheduler.add_request(Request(
+                spec["id"], list(spec["prompt"]), SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True),
+                arrival_time=float(spec["arrival_time"]), priority=spec["priority"]))
+
+
+def worked_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    specs = [{"id": f"r{i}", "prompt": [1 + (7 * i + j) % 40 for j in range(n)], "max_tokens": m, "arrive": 0,
+              "arrival_time": i, "priority": 0} for i, (n, m) in enumerate(WORKED_REQUESTS)]
+    return dict(WORKED_CONFIG), specs
+
+
+def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 2, 4, 8])
+    config = {
+        "block_size": block_size,
+        "num_gpu_blocks": rng.randint(-(-24 // block_size) + 1, -(-120 // block_size) + 1),
+        "max_num_batched_tokens": rng.choice([4, 8, 16, 32, 64]),
+        "max_num_seqs": rng.randint(1, 5),
+        "long_prefill_token_threshold": rng.choice([0, 0, rng.randint(1, 12)]),
+        "enable_chunked_prefill": rng.random() < 0.8,
+        "scheduling_policy": rng.choice(["fcfs", "fcfs", "priority"]),
+        "enable_prefix_caching": rng.random() < 0.3,
+        "max_model_len": rng.choice([24, 64]),
+    }
+    shared = [rng.randrange(1, 40) for _ in range(12)]
+    specs = []
+    for i in range(rng.randint(1, 6)):
+        length = rng.randint(1, 20)
+        max_prompt = 24 if config["enable_chunked_prefill"] else min(24, config["max_num_batched_tokens"])
+        length = min(length, max_prompt)
+        prompt = (shared[:length] if rng.random() < 0.4 else [rng.randrange(1, 40) for _ in range(length)])
+        specs.append({"id": f"r{i}", "prompt": prompt, "max_tokens": rng.randint(1, 10), "arrive": rng.randint(0, 4),
+                      "arrival_time": float(rng.randint(0, 3)), "priority": rng.randint(0, 2)})
+    return config, specs
+
+
+def run_schedule(schedule_fn: Callable | None, config: dict[str, Any], specs: list[dict[str, Any]],
+                 max_steps: int = 80) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Step a scheduler with `schedule_fn` as its schedule() (None: the reference) -> per step (output, state)."""
+    scheduler = make_scheduler(config)
+    schedule = scheduler.schedule if schedule_fn is None else types.MethodType(schedule_fn, scheduler)
+    log = []
+    for step in range(max_steps):
+        _add_requests(scheduler, specs, step)
+        if not scheduler.has_unfinished_requests() and all(spec["arrive"] <= step for spec in specs):
+            break
+        output = schedule()
+        summary = summarize_output(output)
+        scheduler.update_from_output(output, fake_model_output(scheduler, output))
+        log.append((summary, summarize_state(scheduler)))
+    return log
+
+
+def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None:
+    cases = [worked_workload(), *(random_workload(seed) for seed in seeds)]
+    for config, specs in cases:
+        inputs = {"config": config, "requests (prompt, max_tokens, arrives at step, arrival_time, priority)": [
+            (s["id"], len(s["prompt"]), s["max_tokens"], s["arrive"], s["arrival_time"], s["priority"]) for s in specs]}
+        expected = run_schedule(None, config, specs)
+        with calling("schedule", inputs):
+            got = run_schedule(schedule, config, specs)
+        for index in range(max(len(expected), len(got))):
+            want = expected[index] if index < len(expected) else ({"(no step)": "the run had ended"}, {})
+            have = got[index] if index < len(got) else ({"(no step)": "your run ended early"}, {})
+            for key in want[0].keys() | have[0].keys():
+                expect_equal(f"step {index}: SchedulerOutput.{key}", inputs, want[0].get(key), have[0].get(key),
+                             _HINTS.get(key.split(" ")[0], _HINT))
+            for key in want[1].keys() | have[1].keys():
+                expect_equal(f"step {index}: after update_from_output, scheduler {key}", inputs, want[1].get(key),
+                             have[1].get(key), _HINT)
+    passed("check_schedule", len(cases))
+
+
+_HINT = ("RUNNING first, in order: num_tokens_to_schedule(...), allocate_slots, preempt "
+         "select_preemption_victim(...) until it fits (a request may preempt itself); then, only if nobody "
+         "was preempted, WAITING requests while budget and max_num_seqs allow (prefix hits first). Finally "
+         "build the output with self._make_output(...) and advance num_computed_tokens")
+_HINTS = {
+    "preempted_req_ids": "preempt only when allocate_slots returns None; the victim goes back to waiting with "
+                         "num_computed_tokens = 0 (self._preempt does it all)",
+    "new_reqs": "a waiting request is admitted only if no one was preempted this step, a seat is free "
+                "(max_num_seqs), budget is left, and allocate_slots succeeds; it starts after its prefix hits",
+    "num_scheduled_tokens": "running requests are served first, in order, each num_tokens_to_schedule(...) "
+                            "tokens; the budget shrinks as you go",
+}

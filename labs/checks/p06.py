@@ -1,0 +1,295 @@
+"""Checks for phase 06 (the engine loop and I/O), against mini.engine and mini.core.sched.utils.
+
+    check_detokenize_incrementally(detokenize_incrementally)
+    check_check_stop_strings(check_stop_strings)
+    check_check_stop(check_stop)
+    check_step(step)
+
+The detokenizer cases use the shipped tokenizer (mini/assets/tiny-llama, byte-level BPE): an emoji is
+4 byte tokens, a CJK character 3, so most prefixes of a stream end inside a character. `check_step`
+runs each workload on one small engine (shipped model) twice, stepped by the reference
+`LLMEngine.step` and then by the candidate, and compares every step's outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from labs.checks.common import calling, expect_equal, passed
+from mini.config import SHIPPED_MODEL_DIR
+from mini.core.request import Request, RequestStatus
+from mini.core.sched import utils as sched_utils
+from mini.engine import detokenizer as reference
+from mini.sampling_params import RequestOutputKind, SamplingParams
+
+# The phase's worked example: a prompt, then an output with an accent, an emoji and two CJK characters.
+WORKED_PROMPT = "The cat"
+WORKED_TEXT = " sat, café 🙂 世界!"
+TEXTS = [WORKED_TEXT, " 🙂🙂", "世界 and 🍕 pizza", " naïve ünïcödé", "a\nb\tc", " 日本語のテキスト"]
+
+
+@functools.lru_cache(maxsize=1)
+def shipped_tokenizer() -> Any:
+    """The shipped model's tokenizer (loaded once per process)."""
+    from mini.tokenizer import load_tokenizer
+
+    return load_tokenizer(SHIPPED_MODEL_DIR)
+
+
+def stream_tokens(tokenizer: Any, prompt_ids: list[int], output_ids: list[int]) -> Iterable[dict[str, Any]]:
+    """The (tokens, prefix_offset, read_offset) inputs the detokenizer sees, one per output token.
+
+    Driven by the reference, exactly as OffsetIncrementalDetokenizer does: the token window is primed
+    with the last prompt tokens, then each output token's string is appended before the call.
+    """
+    context = prompt_ids[-(reference.INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET + 2):]
+    tokens = list(tokenizer.convert_ids_to_tokens(context))
+    read_offset = len(tokens)
+    prefix_offset = max(read_offset - reference.INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET, 0)
+    for token_id in output_ids:
+        tokens = tokens + tokenizer.convert_ids_to_tokens([token_id])
+        yield {"tokens": list(tokens), "prefix_offset": prefix_offset, "read_offset": read_offset}
+        _, prefix_offset, read_offset = reference.detokenize_incrementally(
+            tokenizer, tokens, prefix_offset, read_offset)
+
+
+def _detok_streams(tokenizer: Any, seeds: Iterable[int]) -> list[tuple[list[int], list[int]]]:
+    encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+    streams = [(encode(WORKED_PROMPT), encode(text)) for text in TEXTS]
+    for seed in seeds:
+        rng = random.Random(seed)
+        prompt = encode(rng.choice(["The cat", "Once upon a time", "世界", "x"]))
+        if rng.random() < 0.5:  # a mix of text pieces, so multi-byte characters are common
+            pieces = rng.choices(["🙂", "世", "界", " the", "é", "!", " ", "🍕", "ü", "\n", "abc"], k=rng.randint(1, 8))
+            output = encode("".join(pieces))
+        else:  # arbitrary token ids: byte tokens that never form a valid character included
+            output = [rng.randrange(3, tokenizer.vocab_size) for _ in range(rng.randint(1, 10))]
+        streams.append((prompt, output))
+    return streams
+
+
+def check_detokenize_incrementally(detokenize_incrementally: Callable, seeds: Iterable[int] = range(12)) -> None:
+    tokenizer = shipped_tokenizer()
+    num_cases = 0
+    for prompt_ids, output_ids in _detok_streams(tokenizer, seeds):
+        for inputs in stream_tokens(tokenizer, prompt_ids, output_ids):
+            expected = reference.detokenize_incrementally(tokenizer, list(inputs["tokens"]),
+                                                          inputs["prefix_offset"], inputs["read_offset"])
+            with calling("detokenize_incrementally", inputs):
+                got = detokenize_incrementally(tokenizer, list(inputs["tokens"]), inputs["prefix_offset"],
+                                               inputs["read_offset"])
+            got = tuple(got) if isinstance(got, (tuple, list)) else got
+            expect_equal("detokenize_incrementally", inputs, expected, got,
+                         "decode tokens[prefix_offset:read_offset] and tokens[prefix_offset:]; the new text is "
+                         "the difference. If it ends in '\\ufffd' (an unfinished character) or adds nothing, "
+                         "return '' and the SAME offsets; else (text, read_offset, len(tokens))")
+            num_cases += 1
+    passed("check_detokenize_incrementally", num_cases)
+
+
+def _stop_string_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
+    cases = [
+        # the worked example: "STOP" arrives split over two steps ("ST" then "OP!")
+        {"output_text": "Hello ST", "new_char_count": 2, "stop": ["STOP"], "include_in_output": False},
+        {"output_text": "Hello STOP!", "new_char_count": 3, "stop": ["STOP"], "include_in_output": False},
+        {"output_text": "Hello STOP!", "new_char_count": 3, "stop": ["STOP"], "include_in_output": True},
+        {"output_text": "Hello STOP", "new_char_count": 2, "stop": ["STOP"], "include_in_output": True},
+        {"output_text": "a b c", "new_char_count": 0, "stop": ["b"], "include_in_output": False},
+        {"output_text": "a b c", "new_char_count": 5, "stop": [], "include_in_output": False},
+        {"output_text": "xx\n\nyy", "new_char_count": 4, "stop": ["yy", "\n\n"], "include_in_output": False},
+    ]
+    for seed in seeds:
+        rng = random.Random(seed)
+        text = "".join(rng.choices("ab c\n", k=rng.randint(0, 14)))
+        stop = ["".join(rng.choices("ab c\n", k=rng.randint(1, 3))) for _ in range(rng.randint(0, 3))]
+        cases.append({"output_text": text, "new_char_count": rng.randint(0, len(text)), "stop": stop,
+                      "include_in_output": rng.random() < 0.5})
+    return cases
+
+
+def check_check_stop_strings(check_stop_strings: Callable, seeds: Iterable[int] = range(40)) -> None:
+    cases = _stop_string_cases(seeds)
+    for case in cases:
+        expected = reference.check_stop_strings(**case)
+        with calling("check_stop_strings", case):
+            got = check_stop_strings(case["output_text"], case["new_char_count"], list(case["stop"]),
+                                     case["include_in_output"])
+        got = tuple(got) if isinstance(got, list) else got
+        expect_equal("check_stop_strings", case, expected, got,
+                     "search from len(text) - new_char_count - len(stop) + 1 (a stop string may straddle old "
+                     "and new text); earliest match wins; cut before it, or after it when included "
+                     "(-1 if that is the very end); None when nothing matches or nothing is new")
+    passed("check_check_stop_strings", len(cases))
+
+
+def _request_case(rng: random.Random | None, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
+    if fixed is not None:
+        return fixed
+    assert rng is not None
+    prompt_len = rng.randint(1, 6)
+    outputs = [rng.randrange(0, 8) for _ in range(rng.randint(1, 6))]
+    max_tokens = rng.choice([None, rng.randint(1, 8)])
+    params: dict[str, Any] = {"max_tokens": max_tokens}
+    if rng.random() < 0.4:
+        params["stop_token_ids"] = rng.sample(range(8), rng.randint(1, 3))
+    if rng.random() < 0.3:
+        params["ignore_eos"] = True
+    if rng.random() < 0.3:
+        params["min_tokens"] = rng.randint(0, 5 if max_tokens is None else min(5, max_tokens))
+    return {"prompt_len": prompt_len, "output_token_ids": outputs, "eos_token_id": rng.choice([None, 0, 1, 2]),
+            "params": params, "max_model_len": rng.randint(prompt_len + 1, prompt_len + 10)}
+
+
+FIXED_REQUESTS = [
+    # EOS (id 2) ends it; with ignore_eos it does not; stop_token_ids; max_tokens; max_model_len
+    {"prompt_len": 3, "output_token_ids": [5, 2], "eos_token_id": 2, "params": {"max_tokens": 16},
+     "max_model_len": 64},
+    {"prompt_len": 3, "output_token_ids": [5, 2], "eos_token_id": 2, "params": {"max_tokens": 16, "ignore_eos": True},
+     "max_model_len": 64},
+    {"prompt_len": 3, "output_token_ids": [5, 7], "eos_token_id": 2,
+     "params": {"max_tokens": 16, "stop_token_ids": [7]}, "max_model_len": 64},
+    {"prompt_len": 3, "output_token_ids": [5, 6, 4], "eos_token_id": 2, "params": {"max_tokens": 3},
+     "max_model_len": 64},
+    {"prompt_len": 3, "output_token_ids": [5, 6], "eos_token_id": 2, "params": {"max_tokens": 16},
+     "max_model_len": 5},
+    {"prompt_len": 3, "output_token_ids": [2], "eos_token_id": 2, "params": {"max_tokens": 16, "min_tokens": 2},
+     "max_model_len": 64},
+    {"prompt_len": 3, "output_token_ids": [5], "eos_token_id": 2, "params": {"max_tokens": 16}, "max_model_len": 64},
+]
+
+
+def make_request(case: dict[str, Any]) -> Request:
+    request = Request("req", list(range(10, 10 + case["prompt_len"])), SamplingParams(**case["params"]),
+                      eos_token_id=case["eos_token_id"], arrival_time=0.0)
+    request.status = RequestStatus.RUNNING
+    request.append_output_token_ids(list(case["output_token_ids"]))
+    return request
+
+
+def check_check_stop(check_stop: Callable, seeds: Iterable[int] = range(60)) -> None:
+    cases = [*FIXED_REQUESTS, *(_request_case(random.Random(seed)) for seed in seeds)]
+    for case in cases:
+        expected_request = make_request(case)
+        expected = sched_utils.check_stop(expected_request, case["max_model_len"])
+        request = make_request(case)
+        inputs = {"prompt_token_ids": request.prompt_token_ids, "output_token_ids": request.output_token_ids,
+                  "eos_token_id": case["eos_token_id"], "sampling_params": case["params"],
+                  "max_model_len": case["max_model_len"]}
+        with calling("check_stop", inputs):
+            got = check_stop(request, case["max_model_len"])
+        hint = ("EOS (unless ignore_eos) and stop_token_ids count only once min_tokens outputs exist -> "
+                "FINISHED_STOPPED (stop_reason = the stop token id for stop_token_ids); then num_tokens >= "
+                "max_model_len or num_output_tokens >= max_tokens -> FINISHED_LENGTH_CAPPED")
+        expect_equal("check_stop return value", inputs, expected, got, hint)
+        expect_equal("check_stop: request.status afterwards", inputs, expected_request.status.name,
+                     request.status.name, hint)
+        expect_equal("check_stop: request.stop_reason afterwards", inputs, expected_request.stop_reason,
+                     request.stop_reason, hint)
+    passed("check_check_stop", len(cases))
+
+
+# ---------------------------------------------------------------------------------------- the loop
+@functools.lru_cache(maxsize=1)
+def _engine() -> Any:
+    """A small engine on the shipped model (built once per process: loading takes a few seconds).
+
+    The reference and the candidate `step` run the same workload on it one after the other (greedy
+    decoding: the same tokens whatever block ids the pool hands out).
+    """
+    from mini.entrypoints.llm import LLM
+
+    return LLM(block_size=4, num_gpu_blocks_override=24, max_model_len=64, max_num_seqs=3,
+               max_num_batched_tokens=16).llm_engine
+
+
+def _loop_workload(seed: int) -> list[dict[str, Any]]:
+    """Requests to add at given steps; one case is one short run (some with an abort)."""
+    rng = random.Random(seed)
+    kinds = [RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY]
+    prompts = ["The cat", "Once upon a time", "世界 🙂", "Hello", "a b c d e f g h i j"]
+    workload = []
+    for index in range(rng.randint(1, 4)):
+        params: dict[str, Any] = {"temperature": 0.0, "max_tokens": rng.randint(1, 4),
+                                  "output_kind": rng.choice(kinds)}
+        if rng.random() < 0.3:
+            params["stop"] = [rng.choice([" the", "\n", "#", "t"])]
+        if rng.random() < 0.3:
+            params["stop_token_ids"] = [rng.choice([289, 199, 3])]
+        workload.append({"request_id": f"r{index}", "prompt": rng.choice(prompts), "at_step": rng.randint(0, 3),
+                         "params": params})
+    if rng.random() < 0.3:
+        workload.append({"abort": f"r{rng.randrange(len(workload))}", "at_step": rng.randint(1, 3)})
+    return workload
+
+
+def _summary(outputs: Any) -> list[tuple]:
+    return [(o.request_id, [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason)
+                            for c in o.outputs], o.finished) for o in outputs]
+
+
+def _reset(engine: Any) -> None:
+    """Abort whatever a previous (maybe failed) run left behind, so each workload starts clean."""
+    leftover = list(engine.scheduler.requests) + list(engine.output_processor.request_states)
+    if leftover:
+        engine.abort_request(sorted(set(leftover)))
+    engine._pending_outputs = []
+
+
+def _run(engine: Any, step: Callable[[], Any], workload: list[dict[str, Any]], max_steps: int = 20) -> list:
+    _reset(engine)
+    log = []
+    for step_index in range(max_steps):
+        for item in workload:
+            if item["at_step"] != step_index:
+                continue
+            if "abort" in item:
+                engine.abort_request(item["abort"])
+            else:
+                engine.add_request(item["request_id"], item["prompt"], SamplingParams(**item["params"]))
+        pending = any(item["at_step"] > step_index for item in workload)
+        if not engine.has_unfinished_requests() and not pending:
+            break
+        log.append(_summary(step()))
+    return log
+
+
+def check_step(step: Callable, seeds: Iterable[int] = range(2)) -> None:
+    """Run the same workloads through LLMEngine.step and through `step(engine)`; compare each step."""
+    engine = _engine()
+    workloads = [
+        # the worked example: streamed (DELTA) requests, stop strings, an abort
+        [{"request_id": "r0", "prompt": "Once upon a time", "at_step": 0,
+          "params": {"temperature": 0.0, "max_tokens": 6, "output_kind": RequestOutputKind.DELTA}},
+         {"request_id": "r1", "prompt": "The cat", "at_step": 1,
+          "params": {"temperature": 0.0, "max_tokens": 6, "stop": [" t", "e", "\n"]}},
+         {"request_id": "r2", "prompt": "Hello", "at_step": 0,
+          "params": {"temperature": 0.0, "max_tokens": 6, "output_kind": RequestOutputKind.DELTA}},
+         {"abort": "r2", "at_step": 2}],
+        *(_loop_workload(seed) for seed in seeds),
+    ]
+    for workload in workloads:
+        inputs = {"workload": workload}
+        expected = _run(engine, engine.step, workload)
+        expected_state = (engine.scheduler.get_num_unfinished_requests(),
+                          engine.kv_cache_manager.block_pool.get_num_free_blocks())
+        with calling("step", inputs):
+            got = _run(engine, types.MethodType(step, engine), workload)
+        hint = ("outputs pending from abort_request() first; then schedule -> model_runner.execute_model -> "
+                "update_from_output -> output_processor.process_outputs, and finish the requests stopped by "
+                "a stop string in the scheduler (finish_requests(..., FINISHED_STOPPED))")
+        for index in range(max(len(expected), len(got))):
+            expect_equal(f"step {index}: outputs (request_id, [(index, text, token_ids, finish_reason, "
+                         "stop_reason)], finished)", inputs,
+                         expected[index] if index < len(expected) else "(no step: the run had ended)",
+                         got[index] if index < len(got) else "(no step: your run ended early)", hint)
+        expect_equal("after the run: unfinished requests in the scheduler", inputs, expected_state[0],
+                     engine.scheduler.get_num_unfinished_requests(), hint)
+        expect_equal("after the run: free KV blocks", inputs, expected_state[1],
+                     engine.kv_cache_manager.block_pool.get_num_free_blocks(),
+                     "a request stopped by a stop string must be finished in the scheduler too, or its "
+                     "blocks are never freed")
+    passed("check_step", len(workloads))
