@@ -21,10 +21,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("labs", "course labs")
-    group.addoption("--reference", action="store_true", default=False,
-                    help="grade the source notebooks in solutions/ instead of phases/")
-    group.addoption("--notebooks", default=None, metavar="DIR",
-                    help="grade DIR/NN_topic/NN_topic.ipynb instead of phases/")
+    group.addoption(
+        "--reference",
+        action="store_true",
+        default=False,
+        help="grade the source notebooks in solutions/ instead of phases/",
+    )
+    group.addoption(
+        "--notebooks",
+        default=None,
+        metavar="DIR",
+        help="grade DIR/NN_topic/NN_topic.ipynb instead of phases/",
+    )
 
 
 def notebook_dir(config: pytest.Config) -> Path:

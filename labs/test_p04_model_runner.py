@@ -25,3 +25,7 @@ def test_build_attention_metadata(answers):
 
 def test_run_model(answers):
     p04.check_run_model(answers(NOTEBOOK).get("run_model"))
+
+
+def test_update_states(answers):
+    p04.check_update_states(answers(NOTEBOOK).get("update_states"))

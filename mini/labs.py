@@ -48,6 +48,7 @@ LAB_TARGETS: dict[str, tuple[str, str]] = {
     "apply_rotary": ("mini.model.rotary", "apply_rotary"),
     "build_attention_metadata": ("mini.worker.model_runner", "build_attention_metadata"),
     "run_model": ("mini.worker.model_runner", "run_model"),
+    "update_states": ("mini.worker.model_runner", "ModelRunner.update_states"),
     # phase 06: the engine loop and I/O
     "detokenize_incrementally": ("mini.engine.detokenizer", "detokenize_incrementally"),
     "check_stop_strings": ("mini.engine.detokenizer", "check_stop_strings"),
@@ -86,7 +87,9 @@ def _resolve(name: str) -> tuple[Any, str]:
     for parent in parents:
         owner = getattr(owner, parent)
     if attribute not in vars(owner):
-        raise ValueError(f"lab target {module_name}:{path} for {name!r} does not exist in this version of mini")
+        raise ValueError(
+            f"lab target {module_name}:{path} for {name!r} does not exist in this version of mini"
+        )
     return owner, attribute
 
 

@@ -21,15 +21,18 @@ def _answer(name: str, body: str, grade_id: str):
 
 
 def test_each_answer_cell_fails_only_its_own_exercises(tmp_path):
-    path = _write(tmp_path, [
-        A.setup("OFFSET = 10\n%matplotlib inline", "setup"),
-        A.code("raise RuntimeError('demo cells are never run by the grader')", "demo"),
-        _answer("good", "    return x + OFFSET", "a-good"),
-        _answer("stub", "    raise NotImplementedError()", "a-stub"),
-        A.answer("def broken(x)\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION", "a-syntax"),
-        A.answer("def raises(x):\n    return x\n### BEGIN SOLUTION\n1 / 0\n### END SOLUTION", "a-raises"),
-        _answer("after", "    return good(x) * 2", "a-after"),
-    ])
+    path = _write(
+        tmp_path,
+        [
+            A.setup("OFFSET = 10\n%matplotlib inline", "setup"),
+            A.code("raise RuntimeError('demo cells are never run by the grader')", "demo"),
+            _answer("good", "    return x + OFFSET", "a-good"),
+            _answer("stub", "    raise NotImplementedError()", "a-stub"),
+            A.answer("def broken(x)\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION", "a-syntax"),
+            A.answer("def raises(x):\n    return x\n### BEGIN SOLUTION\n1 / 0\n### END SOLUTION", "a-raises"),
+            _answer("after", "    return good(x) * 2", "a-after"),
+        ],
+    )
     answers = load_answers(path)
     assert answers.get("good")(1) == 11
     assert answers.get("after")(1) == 22  # cells after a broken one still load
@@ -44,14 +47,23 @@ def test_each_answer_cell_fails_only_its_own_exercises(tmp_path):
 
 
 def test_a_cell_that_raises_not_implemented_reports_not_implemented(tmp_path):
-    path = _write(tmp_path, [A.answer("### BEGIN SOLUTION\nraise NotImplementedError()\n### END SOLUTION\n"
-                                      "class Thing:\n    pass", "a-thing")])
+    path = _write(
+        tmp_path,
+        [
+            A.answer(
+                "### BEGIN SOLUTION\nraise NotImplementedError()\n### END SOLUTION\nclass Thing:\n    pass",
+                "a-thing",
+            )
+        ],
+    )
     with pytest.raises(NotImplementedYet, match="not implemented yet"):
         load_answers(path).get("Thing")
 
 
 def test_a_failing_setup_cell_is_reported(tmp_path):
-    path = _write(tmp_path, [A.setup("import no_such_module_anywhere", "setup"), _answer("f", "    return x", "a")])
+    path = _write(
+        tmp_path, [A.setup("import no_such_module_anywhere", "setup"), _answer("f", "    return x", "a")]
+    )
     with pytest.raises(AnswerCellError, match="setup cells"):
         load_answers(path).get("f")
 

@@ -36,10 +36,23 @@ def _get(url: str) -> tuple[int, bytes]:
 
 def test_jupyter_lab_serves_the_phase_notebooks(tmp_path):
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path)}
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-               f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={REPO_ROOT}",
-               "--ServerApp.port_retries=0", "--allow-root"]  # containers often run as root
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={REPO_ROOT}",
+        "--ServerApp.port_retries=0",
+        "--allow-root",
+    ]  # containers often run as root
     log_path = tmp_path / "jupyter.log"
     log = log_path.open("w")
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -55,7 +68,9 @@ def test_jupyter_lab_serves_the_phase_notebooks(tmp_path):
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
-        assert status == 200, f"jupyter lab did not start (exit code {server.poll()}):\n{log_path.read_text()}"
+        assert status == 200, (
+            f"jupyter lab did not start (exit code {server.poll()}):\n{log_path.read_text()}"
+        )
 
         status, page = _get(f"{base}/lab?token={token}")
         assert status == 200 and b"JupyterLab" in page

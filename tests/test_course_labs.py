@@ -20,10 +20,16 @@ from mini.course.release import REPO_ROOT
 def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
     """Run pytest on labs/ and return {test name: (outcome, failure message)} from its JUnit report."""
     report = tmp_path / f"report-{len(list(tmp_path.glob('report-*.xml')))}.xml"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args]
-    result = subprocess.run(command, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(
+        command, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
     assert report.exists(), f"pytest produced no report:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     outcomes = {}
     for case in ET.parse(report).getroot().iter("testcase"):
@@ -67,8 +73,10 @@ def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path):
         elif cell.id == "answer-positions":  # exercise 2 does not parse
             cell.source = "def compute_positions(num_computed_tokens, num_scheduled_tokens)\n    return 1\n"
         elif cell.id == "answer-query-start-loc":  # exercise 1 forgets the leading 0
-            cell.source = ("def compute_query_start_loc(num_scheduled_tokens):\n"
-                           "    return torch.cumsum(torch.tensor(num_scheduled_tokens), 0).int()\n")
+            cell.source = (
+                "def compute_query_start_loc(num_scheduled_tokens):\n"
+                "    return torch.cumsum(torch.tensor(num_scheduled_tokens), 0).int()\n"
+            )
     write_normalized(notebook, path)
 
     outcomes = run_labs(tmp_path, "labs/test_p02_slot_mapping.py", "--notebooks", str(tmp_path / "notebooks"))
@@ -79,6 +87,11 @@ def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path):
     assert outcome == "failed" and "not implemented yet" in message, message
     outcome, message = outcomes["test_compute_query_start_loc"]
     assert outcome == "failed"
-    for expected in ("inputs:", "num_scheduled_tokens = [5, 7, 3]", "expected: [0, 5, 12, 15]",
-                     "got:      [5, 12, 15]", "hint:"):
+    for expected in (
+        "inputs:",
+        "num_scheduled_tokens = [5, 7, 3]",
+        "expected: [0, 5, 12, 15]",
+        "got:      [5, 12, 15]",
+        "hint:",
+    ):
         assert expected in message, message

@@ -22,8 +22,11 @@ FILLED_EXERCISE = ("answer-slot-mapping", "test-slot-mapping")
 
 
 def _is_lab_cell(cell) -> bool:
-    return (cell.cell_type == "markdown" or "setup" in cell.metadata.get("tags", [])
-            or "nbgrader" in cell.metadata)
+    return (
+        cell.cell_type == "markdown"
+        or "setup" in cell.metadata.get("tags", [])
+        or "nbgrader" in cell.metadata
+    )
 
 
 def _api(course_root: Path):

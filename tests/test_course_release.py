@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ def test_phases_are_what_nbgrader_generates_from_solutions():
 def test_notebooks_are_stored_normalized(side, assignment_id):
     path = REPO_ROOT / side / assignment_id / f"{assignment_id}.ipynb"
     assert path.read_text(encoding="utf-8") == notebook_text(read_notebook(path)), (
-        f"{path} is not normalized: run `python -m mini.course release`")
+        f"{path} is not normalized: run `python -m mini.course release`"
+    )
 
 
 @pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
@@ -74,3 +76,31 @@ def test_release_notebook_has_no_solutions(assignment_id):
         if _nbgrader(cell).get("solution"):
             assert "raise NotImplementedError()" in cell.source
     assert notebook.metadata.kernelspec.name == "python3"
+
+
+def test_drift_is_detected_and_release_repairs_it(tmp_path):
+    from mini.course.__main__ import main
+    from mini.course.release import release
+
+    assignment_id = "01_paged_kv"
+    for side in ("solutions", "phases"):
+        shutil.copytree(REPO_ROOT / side / assignment_id, tmp_path / side / assignment_id)
+    learner = tmp_path / "phases" / assignment_id / f"{assignment_id}.ipynb"
+    notebook = read_notebook(learner)
+    notebook.cells[0].source += "\nhand edit"
+    learner.write_text(notebook_text(notebook), encoding="utf-8")
+    (tmp_path / "phases" / assignment_id / "stale.txt").write_text("left over")
+    (tmp_path / "phases" / "99_gone").mkdir()
+    (tmp_path / "phases" / "99_gone" / "99_gone.ipynb").write_text("{}")
+
+    drift = find_drift(tmp_path)
+    assert drift.changed == [f"phases/{assignment_id}/{assignment_id}.ipynb"]
+    assert drift.extra == [f"phases/{assignment_id}/stale.txt", "phases/99_gone/99_gone.ipynb"]
+    assert "python -m mini.course release" in drift.describe()
+
+    release(tmp_path)
+    assert find_drift(tmp_path).is_clean()
+    assert (
+        learner.read_bytes() == (REPO_ROOT / "phases" / assignment_id / f"{assignment_id}.ipynb").read_bytes()
+    )
+    assert main(["check", assignment_id]) == 0

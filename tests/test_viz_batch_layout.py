@@ -51,14 +51,35 @@ def _assert_consistent(layout) -> None:
 
 @pytest.fixture(scope="module")
 def recording(tiny_llama_dir):
-    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=16,
-              max_model_len=64)
+    llm = LLM(
+        model=str(tiny_llama_dir),
+        skip_tokenizer_init=True,
+        block_size=4,
+        num_gpu_blocks_override=16,
+        max_model_len=64,
+    )
     prompts = [{"prompt_token_ids": ids} for ids in TOKENS]
     return record_run(llm, prompts, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
 
 
 def test_recorded_batches_are_the_worked_example(recording):
-    assert recording.snapshots[1].batch.slot_mapping == [4, 5, 6, 7, 8, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22]
+    assert recording.snapshots[1].batch.slot_mapping == [
+        4,
+        5,
+        6,
+        7,
+        8,
+        12,
+        13,
+        14,
+        15,
+        16,
+        17,
+        18,
+        20,
+        21,
+        22,
+    ]
     assert recording.snapshots[2].batch.slot_mapping == [9, 19, 23]
     assert recording.snapshots[2].batch.positions == [5, 7, 3]
 

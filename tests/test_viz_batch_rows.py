@@ -38,22 +38,34 @@ def test_worked_example_replace_remove_condense():
     assert step.stages[1][1] == ["E", "B", None, "D"]
     assert step.after == ["E", "B", "D"]
     assert [(e.kind, e.row, e.req_id, e.from_row) for e in step.events] == [
-        ("removed", 2, "C", None), ("replaced", 0, "E", None), ("moved", 2, "D", 3)]
+        ("removed", 2, "C", None),
+        ("replaced", 0, "E", None),
+        ("moved", 2, "D", 3),
+    ]
 
 
 def test_append_and_swap():
     step = replay_batch_update(["A", "B"], BatchUpdate(3, [], _added(2), [(0, 2, SWAP)]), ["C"])
     assert step.after == ["C", "B", "A"]
     assert {(e.kind, e.row, e.req_id) for e in step.events} == {
-        ("added", 2, "C"), ("swapped", 2, "A"), ("swapped", 0, "C")}
+        ("added", 2, "C"),
+        ("swapped", 2, "A"),
+        ("swapped", 0, "C"),
+    }
 
 
 def test_hand_written_updates_with_a_backend_swap():
     # [A, B, C, D]: B and C finish, E arrives -> E replaces B, D condenses into row 2, then rows 0 and 1 swap
-    recording = recording_from_updates(["A", "B", "C", "D"], [
-        (BatchUpdate(3, [2], _added(1), [(3, 2, UNI), (0, 1, SWAP)]), ["E"]), (None, [])])
+    recording = recording_from_updates(
+        ["A", "B", "C", "D"],
+        [(BatchUpdate(3, [2], _added(1), [(3, 2, UNI), (0, 1, SWAP)]), ["E"]), (None, [])],
+    )
     assert [label for label, _ in recording.steps[0].stages] == [
-        "removes [2]", "adds [1]", "move 3 -> 2", "swap 0 <-> 1"]
+        "removes [2]",
+        "adds [1]",
+        "move 3 -> 2",
+        "swap 0 <-> 1",
+    ]
     assert recording.steps[0].after == ["E", "A", "D"] and recording.steps[1].after == ["E", "A", "D"]
     assert recording.request_ids == ["A", "B", "C", "D", "E"]
 
@@ -72,10 +84,15 @@ def test_inconsistent_updates_are_rejected():
 
 
 def test_input_batch_follows_the_documented_rules():
-    recording = record_input_batch([([], ["A", "B", "C", "D"]), (["A", "C"], ["E"]), (["B"], ["F", "G", "H"]),
-                                    (["E", "F", "G"], [])])
+    recording = record_input_batch(
+        [([], ["A", "B", "C", "D"]), (["A", "C"], ["E"]), (["B"], ["F", "G", "H"]), (["E", "F", "G"], [])]
+    )
     assert [s.after for s in recording.steps] == [
-        ["A", "B", "C", "D"], ["E", "B", "D"], ["E", "F", "D", "G", "H"], ["H", "D"]]
+        ["A", "B", "C", "D"],
+        ["E", "B", "D"],
+        ["E", "F", "D", "G", "H"],
+        ["H", "D"],
+    ]
     last = recording.steps[-1]
     # E, F, G leave rows 0, 1, 3: H (row 4) moves into row 0, then trailing holes go away
     assert last.removed == [0, 1, 3]
@@ -104,10 +121,16 @@ def engine_recording(tiny_llama_dir):
     def params(n):
         return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
-    arrivals = [(0, {"prompt_token_ids": [1, 2, 3]}, params(3)), (0, {"prompt_token_ids": [4, 5]}, params(6)),
-                (0, {"prompt_token_ids": [6, 7, 8]}, params(2)), (0, {"prompt_token_ids": [9]}, params(7)),
-                (2, {"prompt_token_ids": [1, 5]}, params(4)), (3, {"prompt_token_ids": [2, 6]}, params(3)),
-                (3, {"prompt_token_ids": [3, 7]}, params(5)), (4, {"prompt_token_ids": [3, 9]}, params(2))]
+    arrivals = [
+        (0, {"prompt_token_ids": [1, 2, 3]}, params(3)),
+        (0, {"prompt_token_ids": [4, 5]}, params(6)),
+        (0, {"prompt_token_ids": [6, 7, 8]}, params(2)),
+        (0, {"prompt_token_ids": [9]}, params(7)),
+        (2, {"prompt_token_ids": [1, 5]}, params(4)),
+        (3, {"prompt_token_ids": [2, 6]}, params(3)),
+        (3, {"prompt_token_ids": [3, 7]}, params(5)),
+        (4, {"prompt_token_ids": [3, 9]}, params(2)),
+    ]
     return record_batch_updates(llm, arrivals)
 
 

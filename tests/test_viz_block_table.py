@@ -32,14 +32,23 @@ def _engine_state(engine) -> dict:
 @pytest.fixture(scope="module")
 def small_pool_run(tiny_llama_dir):
     """8 blocks of 4 slots: the three worked-example prompts force a preemption."""
-    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=8,
-              max_model_len=64)
+    llm = LLM(
+        model=str(tiny_llama_dir),
+        skip_tokenizer_init=True,
+        block_size=4,
+        num_gpu_blocks_override=8,
+        max_model_len=64,
+    )
     mismatches: list[tuple[int, dict, dict]] = []
 
     def compare(engine, snapshot) -> None:
         state = _engine_state(engine)
-        seen = {"ref_cnts": snapshot.ref_cnts, "free_queue": snapshot.free_queue,
-                "block_tables": snapshot.block_tables, "running": snapshot.running}
+        seen = {
+            "ref_cnts": snapshot.ref_cnts,
+            "free_queue": snapshot.free_queue,
+            "block_tables": snapshot.block_tables,
+            "running": snapshot.running,
+        }
         if seen != state:
             mismatches.append((snapshot.step, state, seen))
 

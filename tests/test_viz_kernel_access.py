@@ -87,7 +87,7 @@ def test_interpreter_recording_matches_the_replay(case):
     replayed_out, replayed = replay_paged_decode(*args)
     assert recorded.source == "interpreter"
     assert recorded.same_reads(replayed)
-    assert recorded.tile_n == kernel_access.DECODE_TILE_N or max(case["seq_lens"]) < kernel_access.DECODE_TILE_N
+    assert recorded.tile_n == replayed.tile_n == kernel_access.DECODE_TILE_N
     torch.testing.assert_close(recorded_out, replayed_out, atol=1e-5, rtol=1e-5)
 
 
@@ -172,5 +172,5 @@ def test_phase_07_without_triton_explains_and_keeps_the_pytorch_exercise(tmp_pat
     result = json.loads(done.stdout.split("RESULT")[1])
     assert result["setup_error"] is None and result["errors"] == [] and result["available"] is False
     for name in ("_store_kv_kernel", "paged_decode"):
-        assert "Linux x86_64" in result[name] and "online-softmax exercise works" in result[name]
+        assert "Linux x86_64" in result[name] and "online-softmax exercise still works" in result[name]
     assert "needs Triton" in result["launch"] or "Linux x86_64" in result["launch"]

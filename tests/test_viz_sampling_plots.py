@@ -51,8 +51,13 @@ def test_worked_example_top_k_and_top_p():
 
 def test_each_stage_is_the_op():
     logits = _logits()
-    params = SamplingParams(temperature=0.5, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25,
-                            logit_bias={7: 3.0})
+    params = SamplingParams(
+        temperature=0.5,
+        repetition_penalty=2.0,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        logit_bias={7: 3.0},
+    )
     stages = sampling_pipeline_stages(logits, params, prompt_token_ids=[1, 2], output_token_ids=[2, 9, 9])
     bias, penalties, temperature = stages[1], stages[2], stages[3]
     expected = logits.clone()
@@ -89,15 +94,20 @@ def test_greedy_row_stops_at_the_argmax():
     assert stages[-1].name == "greedy argmax" and stages[-1].kept == [int(logits.argmax())]
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.7, top_k=6),
-    SamplingParams(temperature=1.3, top_p=0.7, min_p=0.01),
-    SamplingParams(temperature=1.0, top_k=8, top_p=0.9, repetition_penalty=1.5, frequency_penalty=0.3),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=6),
+        SamplingParams(temperature=1.3, top_p=0.7, min_p=0.01),
+        SamplingParams(temperature=1.0, top_k=8, top_p=0.9, repetition_penalty=1.5, frequency_penalty=0.3),
+    ],
+)
 def test_sampler_draws_follow_the_last_stage(params):
     logits, history = _logits(30, seed=5), [3, 3, 11]
     stages = sampling_pipeline_stages(logits, params, prompt_token_ids=[1], output_token_ids=history)
-    sampled = sampled_frequencies(logits, params, num_draws=3000, prompt_token_ids=[1], output_token_ids=history)
+    sampled = sampled_frequencies(
+        logits, params, num_draws=3000, prompt_token_ids=[1], output_token_ids=history
+    )
     statistic, dof = chi_square(stages[-1], sampled)
     assert sum(sampled.counts) == 3000
     assert statistic < dof + 6 * math.sqrt(2 * max(dof, 1)) + 10, (statistic, dof)  # ~6 sigma, fixed seed

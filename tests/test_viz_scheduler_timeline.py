@@ -7,11 +7,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest  # noqa: E402
+import pytest
 
-from mini import LLM, SamplingParams  # noqa: E402
-from mini.core.request import RequestStatus  # noqa: E402
-from mini.viz import (  # noqa: E402
+from mini import LLM, SamplingParams
+from mini.core.request import RequestStatus
+from mini.viz import (
     plot_batching_comparison,
     plot_scheduler_timeline,
     record_timeline,
@@ -21,12 +21,21 @@ from mini.viz import (  # noqa: E402
 
 # The phase-05 worked example: (prompt length, max_tokens) of six requests.
 WORKLOAD = [(14, 4), (3, 12), (20, 3), (5, 8), (9, 3), (4, 6)]
-ENGINE_ARGS = dict(skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=12, max_num_seqs=3,
-                   max_num_batched_tokens=16, long_prefill_token_threshold=8, max_model_len=64)
+ENGINE_ARGS = {
+    "skip_tokenizer_init": True,
+    "block_size": 4,
+    "num_gpu_blocks_override": 12,
+    "max_num_seqs": 3,
+    "max_num_batched_tokens": 16,
+    "long_prefill_token_threshold": 8,
+    "max_model_len": 64,
+}
 
 
 def _prompts():
-    return [{"prompt_token_ids": [1 + (7 * i + j) % 40 for j in range(n)]} for i, (n, _) in enumerate(WORKLOAD)]
+    return [
+        {"prompt_token_ids": [1 + (7 * i + j) % 40 for j in range(n)]} for i, (n, _) in enumerate(WORKLOAD)
+    ]
 
 
 def _params():
@@ -69,7 +78,11 @@ class EngineMirror:
                 assert request is None  # freed at once
             elif request is not None:
                 assert request.num_computed_tokens == computed
-                assert request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED, RequestStatus.WAITING)
+                assert request.status in (
+                    RequestStatus.RUNNING,
+                    RequestStatus.PREEMPTED,
+                    RequestStatus.WAITING,
+                )
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,16 @@ def counterexample(what: str, inputs: dict[str, Any], expected: Any, got: Any, h
     return "\n".join(lines)
 
 
+def _is_not_implemented(error: BaseException) -> bool:
+    """True for NotImplementedError, also when wrapped (Triton's interpreter re-raises it `from` it)."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, NotImplementedError):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 @contextlib.contextmanager
 def calling(name: str, inputs: dict[str, Any] | None = None) -> Iterator[None]:
     """Run learner code; NotImplementedError -> NotImplementedYet, other errors -> AssertionError."""
@@ -45,13 +55,26 @@ def calling(name: str, inputs: dict[str, Any] | None = None) -> Iterator[None]:
     except AssertionError:
         raise
     except Exception as error:
-        shown = "" if inputs is None else "\n  inputs:\n" + "\n".join(
-            f"    {key} = {_short(value)}" for key, value in inputs.items())
+        if _is_not_implemented(error):
+            raise NotImplementedYet(
+                f"`{name}` is not implemented yet: replace `raise NotImplementedError()` in its answer cell"
+            ) from error
+        shown = (
+            ""
+            if inputs is None
+            else "\n  inputs:\n" + "\n".join(f"    {key} = {_short(value)}" for key, value in inputs.items())
+        )
         raise AssertionError(f"`{name}` raised {type(error).__name__}: {error}{shown}") from error
 
 
-def expect_equal(what: str, inputs: dict[str, Any], expected: Any, got: Any, hint: str,
-                 equal: Callable[[Any, Any], bool] | None = None) -> None:
+def expect_equal(
+    what: str,
+    inputs: dict[str, Any],
+    expected: Any,
+    got: Any,
+    hint: str,
+    equal: Callable[[Any, Any], bool] | None = None,
+) -> None:
     __tracebackhide__ = True
     same = equal(expected, got) if equal is not None else expected == got
     if not same:

@@ -1,8 +1,8 @@
 """Checks for phase 00 (the autoregressive loop).
 
-    check_kv_bytes_per_block(kv_bytes_per_block)          vs mini.engine.llm_engine.LLMEngine.kv_bytes_per_block
-    check_generate_naive(generate_naive)                  vs transformers greedy `generate` (no cache)
-    check_generate_with_kv_cache(generate_with_kv_cache)  vs transformers greedy `generate` (one token per step)
+    check_kv_bytes_per_block(kv_bytes_per_block)        vs mini's LLMEngine.kv_bytes_per_block
+    check_generate_naive(generate_naive)                vs transformers greedy `generate` (no cache)
+    check_generate_with_kv_cache(generate_with_kv_cache)  vs the same, one token per step
 
 The two loops are checked on a tiny random Llama (built from a config, never downloaded), both for
 their tokens and for what they feed the model at each call: the whole sequence every time without a
@@ -24,16 +24,42 @@ from mini.engine.llm_engine import LLMEngine
 
 # Real checkpoints' attention shapes (from their config.json files on the Hugging Face hub).
 REAL_MODEL_CONFIGS: dict[str, dict[str, Any]] = {
-    "Llama-2-7B": {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
-                   "num_attention_heads": 32, "num_key_value_heads": 32},
-    "Llama-3.1-8B": {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
-                     "num_attention_heads": 32, "num_key_value_heads": 8},
-    "Llama-3.1-70B": {"model_type": "llama", "num_hidden_layers": 80, "hidden_size": 8192,
-                      "num_attention_heads": 64, "num_key_value_heads": 8},
-    "Qwen2.5-7B": {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584,
-                   "num_attention_heads": 28, "num_key_value_heads": 4},
-    "Qwen3-8B": {"model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128},
+    "Llama-2-7B": {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+    },
+    "Llama-3.1-8B": {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
+    "Llama-3.1-70B": {
+        "model_type": "llama",
+        "num_hidden_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+    },
+    "Qwen2.5-7B": {
+        "model_type": "qwen2",
+        "num_hidden_layers": 28,
+        "hidden_size": 3584,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+    },
+    "Qwen3-8B": {
+        "model_type": "qwen3",
+        "num_hidden_layers": 36,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+    },
 }
 
 
@@ -46,18 +72,27 @@ def hf_config(model_type: str = "llama", **fields: Any) -> Any:
 
 
 def _kv_cases(seeds: Iterable[int]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    cases = [({"block_size": 1, "dtype": "bfloat16"}, REAL_MODEL_CONFIGS[name]) for name in REAL_MODEL_CONFIGS]
+    cases = [
+        ({"block_size": 1, "dtype": "bfloat16"}, REAL_MODEL_CONFIGS[name]) for name in REAL_MODEL_CONFIGS
+    ]
     cases.append(({"block_size": 16, "dtype": "float32"}, REAL_MODEL_CONFIGS["Llama-3.1-8B"]))
     for seed in seeds:
         rng = random.Random(seed)
         num_kv_heads = rng.choice([1, 2, 4])
         num_heads = num_kv_heads * rng.choice([1, 2, 4])
-        fields = {"model_type": rng.choice(["llama", "qwen2", "qwen3"]), "num_hidden_layers": rng.randint(1, 6),
-                  "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
-                  "hidden_size": num_heads * rng.choice([8, 16, 32])}
+        fields = {
+            "model_type": rng.choice(["llama", "qwen2", "qwen3"]),
+            "num_hidden_layers": rng.randint(1, 6),
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_kv_heads,
+            "hidden_size": num_heads * rng.choice([8, 16, 32]),
+        }
         if rng.random() < 0.4:
             fields["head_dim"] = rng.choice([8, 64, 128])  # head_dim need not be hidden_size // num_heads
-        engine = {"block_size": rng.choice([1, 4, 16, 32]), "dtype": rng.choice(["float32", "bfloat16", "float16"])}
+        engine = {
+            "block_size": rng.choice([1, 4, 16, 32]),
+            "dtype": rng.choice(["float32", "bfloat16", "float16"]),
+        }
         cases.append((engine, fields))
     return cases
 
@@ -71,9 +106,14 @@ def check_kv_bytes_per_block(kv_bytes_per_block: Callable, seeds: Iterable[int] 
         expected = LLMEngine.kv_bytes_per_block(config, model_config)
         with calling("kv_bytes_per_block", inputs):
             got = kv_bytes_per_block(config, model_config)
-        expect_equal("kv_bytes_per_block", inputs, expected, got,
-                     "2 (K and V) x layers x block_size x kv heads x head size x bytes per element; "
-                     "head size is hf_config.head_dim when set, else hidden_size // num_attention_heads")
+        expect_equal(
+            "kv_bytes_per_block",
+            inputs,
+            expected,
+            got,
+            "2 (K and V) x layers x block_size x kv heads x head size x bytes per element; "
+            "head size is hf_config.head_dim when set, else hidden_size // num_attention_heads",
+        )
     passed("check_kv_bytes_per_block", len(cases))
 
 
@@ -83,9 +123,18 @@ def tiny_llama() -> Any:
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2,
-        eos_token_id=None, bos_token_id=None, pad_token_id=None)
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
@@ -105,9 +154,15 @@ def _tiny_llama_greedy(prompt_token_ids: tuple[int, ...], max_new_tokens: int) -
 def _greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         input_ids = torch.tensor([prompt_token_ids])
-        output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=0)
-    return output[0, len(prompt_token_ids):].tolist()
+        output = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            pad_token_id=0,
+        )
+    return output[0, len(prompt_token_ids) :].tolist()
 
 
 class _InputLengthSpy:
@@ -134,7 +189,9 @@ def _loop_cases(seeds: Iterable[int]) -> list[tuple[list[int], int]]:
     return cases
 
 
-def _check_loop(name: str, loop: Callable, seeds: Iterable[int], expected_lengths: Callable, hint: str) -> int:
+def _check_loop(
+    name: str, loop: Callable, seeds: Iterable[int], expected_lengths: Callable, hint: str
+) -> int:
     model = tiny_llama()
     cases = _loop_cases(seeds)
     for prompt, max_new_tokens in cases:
@@ -147,24 +204,40 @@ def _check_loop(name: str, loop: Callable, seeds: Iterable[int], expected_length
         finally:
             spy.remove()
         got = got.tolist() if isinstance(got, torch.Tensor) else got
-        expect_equal(f"{name} tokens", inputs, expected, got,
-                     "return ONLY the new token ids, each the argmax of the last position's logits")
-        expect_equal(f"{name}: token ids fed to the model at each call", inputs,
-                     expected_lengths(len(prompt), max_new_tokens), spy.lengths, hint)
+        expect_equal(
+            f"{name} tokens",
+            inputs,
+            expected,
+            got,
+            "return ONLY the new token ids, each the argmax of the last position's logits",
+        )
+        expect_equal(
+            f"{name}: token ids fed to the model at each call",
+            inputs,
+            expected_lengths(len(prompt), max_new_tokens),
+            spy.lengths,
+            hint,
+        )
     return len(cases)
 
 
 def check_generate_naive(generate_naive: Callable, seeds: Iterable[int] = range(6)) -> None:
     num_cases = _check_loop(
-        "generate_naive", generate_naive, seeds,
+        "generate_naive",
+        generate_naive,
+        seeds,
         lambda prompt_len, n: [prompt_len + step for step in range(n)],
-        "without a cache every step runs the model on the WHOLE sequence so far (prompt + new tokens)")
+        "without a cache every step runs the model on the WHOLE sequence so far (prompt + new tokens)",
+    )
     passed("check_generate_naive", num_cases)
 
 
 def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterable[int] = range(6)) -> None:
     num_cases = _check_loop(
-        "generate_with_kv_cache", generate_with_kv_cache, seeds,
+        "generate_with_kv_cache",
+        generate_with_kv_cache,
+        seeds,
         lambda prompt_len, n: [prompt_len] + [1] * (n - 1),
-        "prefill the prompt once, then feed ONLY the newest token with past_key_values (one call per token)")
+        "prefill the prompt once, then feed ONLY the newest token with past_key_values (one call per token)",
+    )
     passed("check_generate_with_kv_cache", num_cases)

@@ -3,7 +3,7 @@
     check_free_block_queue(FreeKVCacheBlockQueue)   vs mini.core.kv_cache_utils.FreeKVCacheBlockQueue
     check_get_new_blocks(get_new_blocks)            vs mini.core.block_pool.BlockPool.get_new_blocks
     check_free_blocks(free_blocks)                  vs mini.core.block_pool.BlockPool.free_blocks
-    check_allocate_slots(allocate_slots)            vs mini.core.kv_cache_manager.KVCacheManager.allocate_slots
+    check_allocate_slots(allocate_slots)            vs KVCacheManager.allocate_slots
 
 Each check replays the same operations on a reference object and on one using the learner's code,
 and compares the observable state (returned block ids, ref counts, free-queue order) after each.
@@ -98,22 +98,44 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
     inputs: dict[str, Any] = {"blocks": f"KVCacheBlock 0..{num_blocks - 1}", "ops so far": []}
     with calling("FreeKVCacheBlockQueue", inputs):
         queue = queue_class(lab_blocks)
-    expect_equal("FreeKVCacheBlockQueue(blocks)", inputs, _queue_state(reference), _queue_state(queue),
-                 "(num_free_blocks, ids from head to tail) right after __init__: every block, in order")
+    expect_equal(
+        "FreeKVCacheBlockQueue(blocks)",
+        inputs,
+        _queue_state(reference),
+        _queue_state(queue),
+        "(num_free_blocks, ids from head to tail) right after __init__: every block, in order",
+    )
     for op in ops:
         inputs["ops so far"].append(op)
         expected = _apply_queue_op(reference, ref_blocks, op)
         with calling("FreeKVCacheBlockQueue", inputs):
             got = _apply_queue_op(queue, lab_blocks, op)
-        expect_equal(f"{op[0]} return value", inputs, expected, got,
-                     "popleft returns the head block; popleft_n(n) the first n in order; the others None")
-        expect_equal(f"state after {op[0]}", inputs, _queue_state(reference), _queue_state(queue),
-                     "(num_free_blocks, get_all_free_blocks ids head->tail); append goes to the TAIL")
+        expect_equal(
+            f"{op[0]} return value",
+            inputs,
+            expected,
+            got,
+            "popleft returns the head block; popleft_n(n) the first n in order; the others None",
+        )
+        expect_equal(
+            f"state after {op[0]}",
+            inputs,
+            _queue_state(reference),
+            _queue_state(queue),
+            "(num_free_blocks, get_all_free_blocks ids head->tail); append goes to the TAIL",
+        )
 
 
 def check_free_block_queue(queue_class: type, seeds: Iterable[int] = range(20)) -> None:
-    fixed = [("popleft",), ("remove", 3), ("append", 0), ("popleft_n", 2), ("append_n", [3, 1]),
-             ("remove", 5), ("popleft",)]
+    fixed = [
+        ("popleft",),
+        ("remove", 3),
+        ("append", 0),
+        ("popleft_n", 2),
+        ("append_n", [3, 1]),
+        ("remove", 5),
+        ("popleft",),
+    ]
     _replay_queue(queue_class, 6, fixed)
     num_cases = 1
     for seed in seeds:
@@ -148,7 +170,9 @@ def _expect_value_error(action: Callable[[], Any], what: str, inputs: dict, hint
             action()
         except ValueError:
             return
-    raise AssertionError(f"{what}: expected ValueError, nothing was raised\n  inputs: {inputs}\n  hint: {hint}")
+    raise AssertionError(
+        f"{what}: expected ValueError, nothing was raised\n  inputs: {inputs}\n  hint: {hint}"
+    )
 
 
 def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(20)) -> None:
@@ -178,17 +202,37 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
             with calling("get_new_blocks", inputs):
                 got = _ids(pool.get_new_blocks(count))
             held.append(expected)
-            expect_equal("get_new_blocks return value", inputs, expected, got,
-                         "pop blocks from the HEAD of self.free_block_queue; block 0 (null) is never handed out")
-            expect_equal("pool state after get_new_blocks", inputs, _pool_state(reference), _pool_state(pool),
-                         "every returned block gets ref_cnt = 1 and leaves the free queue")
+            expect_equal(
+                "get_new_blocks return value",
+                inputs,
+                expected,
+                got,
+                "pop blocks from the HEAD of self.free_block_queue; block 0 (null) is never handed out",
+            )
+            expect_equal(
+                "pool state after get_new_blocks",
+                inputs,
+                _pool_state(reference),
+                _pool_state(pool),
+                "every returned block gets ref_cnt = 1 and leaves the free queue",
+            )
         too_many = reference.get_num_free_blocks() + 1
         before = _pool_state(pool)
         inputs["calls so far"].append(f"get_new_blocks({too_many})  # one more than free")
-        _expect_value_error(functools.partial(pool.get_new_blocks, too_many), "asking for more blocks than are free",
-                            inputs, "check the free count first and raise ValueError", "get_new_blocks")
-        expect_equal("pool state after a refused get_new_blocks", inputs, before, _pool_state(pool),
-                     "a refused request must not change anything")
+        _expect_value_error(
+            functools.partial(pool.get_new_blocks, too_many),
+            "asking for more blocks than are free",
+            inputs,
+            "check the free count first and raise ValueError",
+            "get_new_blocks",
+        )
+        expect_equal(
+            "pool state after a refused get_new_blocks",
+            inputs,
+            before,
+            _pool_state(pool),
+            "a refused request must not change anything",
+        )
         num_cases += 1
     passed("check_get_new_blocks", num_cases)
 
@@ -206,24 +250,43 @@ def check_free_blocks(free_blocks: Callable, seeds: Iterable[int] = range(20)) -
         shared = block_ids[:2] if seed < 0 else rng.sample(block_ids, rng.randint(0, len(block_ids)))
         for target in (reference, pool):  # a second owner: ref_cnt 2 (e.g. a shared prefix)
             target.touch([target.blocks[i] for i in shared])
-        order = [block_ids[4], block_ids[2], block_ids[0]] if seed < 0 else rng.sample(block_ids, len(block_ids))
-        inputs = {"num_gpu_blocks": num_gpu_blocks, "allocated (ref_cnt 1)": block_ids,
-                  "shared (ref_cnt 2)": shared, "free_blocks(ordered_blocks) with ids": order}
+        order = (
+            [block_ids[4], block_ids[2], block_ids[0]] if seed < 0 else rng.sample(block_ids, len(block_ids))
+        )
+        inputs = {
+            "num_gpu_blocks": num_gpu_blocks,
+            "allocated (ref_cnt 1)": block_ids,
+            "shared (ref_cnt 2)": shared,
+            "free_blocks(ordered_blocks) with ids": order,
+        }
         reference.free_blocks([reference.blocks[i] for i in order])
         with calling("free_blocks", inputs):
             pool.free_blocks([pool.blocks[i] for i in order])
-        expect_equal("pool state after free_blocks", inputs, _pool_state(reference), _pool_state(pool),
-                     "decrement ref_cnt; only a block reaching 0 joins the TAIL of the free queue, in the given order")
+        expect_equal(
+            "pool state after free_blocks",
+            inputs,
+            _pool_state(reference),
+            _pool_state(pool),
+            "decrement ref_cnt; only a block reaching 0 joins the TAIL of the free queue, in the given order",
+        )
         num_cases += 1
     pool = _pool_with("free_blocks", free_blocks, 4)
-    _expect_value_error(lambda: pool.free_blocks([pool.null_block]), "freeing the null block",
-                        {"ordered_blocks": "[block 0 (the null block)]"},
-                        "block 0 is never handed out, so freeing it is a bug: raise ValueError", "free_blocks")
+    _expect_value_error(
+        lambda: pool.free_blocks([pool.null_block]),
+        "freeing the null block",
+        {"ordered_blocks": "[block 0 (the null block)]"},
+        "block 0 is never handed out, so freeing it is a bug: raise ValueError",
+        "free_blocks",
+    )
     block = pool.get_new_blocks(1)[0]
     pool.free_blocks([block])
-    _expect_value_error(lambda: pool.free_blocks([block]), "freeing a block twice",
-                        {"ordered_blocks": f"[block {block.block_id} (ref_cnt already 0)]"},
-                        "a block with ref_cnt 0 is already free: raise ValueError (double free)", "free_blocks")
+    _expect_value_error(
+        lambda: pool.free_blocks([block]),
+        "freeing a block twice",
+        {"ordered_blocks": f"[block {block.block_id} (ref_cnt already 0)]"},
+        "a block with ref_cnt 0 is already free: raise ValueError (double free)",
+        "free_blocks",
+    )
     passed("check_free_blocks", num_cases + 2)
 
 
@@ -233,8 +296,10 @@ def _request(request_id: str, num_prompt_tokens: int) -> Request:
 
 
 def _manager_state(manager: KVCacheManager, request_ids: list[str]) -> dict[str, Any]:
-    return {"block_ids": {rid: manager.get_block_ids(rid) for rid in request_ids},
-            **_pool_state(manager.block_pool)}
+    return {
+        "block_ids": {rid: manager.get_block_ids(rid) for rid in request_ids},
+        **_pool_state(manager.block_pool),
+    }
 
 
 def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(20)) -> None:
@@ -251,8 +316,12 @@ def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(
         ref_reqs = [_request(f"r{i}", n) for i, n in enumerate(prompt_lens)]
         lab_reqs = [_request(f"r{i}", n) for i, n in enumerate(prompt_lens)]
         ids = [r.request_id for r in ref_reqs]
-        inputs: dict[str, Any] = {"block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
-                                  "prompt_lens": prompt_lens, "calls so far": []}
+        inputs: dict[str, Any] = {
+            "block_size": block_size,
+            "num_gpu_blocks": num_gpu_blocks,
+            "prompt_lens": prompt_lens,
+            "calls so far": [],
+        }
         for _ in range(6):
             index = rng.randrange(num_reqs)
             ref_req, lab_req = ref_reqs[index], lab_reqs[index]
@@ -262,15 +331,25 @@ def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(
                 num_new = rng.randint(1, remaining)  # a chunk of a chunked prefill
             inputs["calls so far"].append(
                 f"allocate_slots({ref_req.request_id}, num_new_tokens={num_new}) "
-                f"with num_computed_tokens={ref_req.num_computed_tokens}")
+                f"with num_computed_tokens={ref_req.num_computed_tokens}"
+            )
             expected = _ids(reference.allocate_slots(ref_req, num_new))
             with calling("allocate_slots", inputs):
                 got = _ids(manager.allocate_slots(lab_req, num_new))
-            expect_equal("allocate_slots return value", inputs, expected, got,
-                         "return only the NEW blocks (maybe []), or None when too few blocks are free")
-            expect_equal("manager state after allocate_slots", inputs, _manager_state(reference, ids),
-                         _manager_state(manager, ids),
-                         "blocks must cover num_computed_tokens + num_new_tokens; None changes nothing")
+            expect_equal(
+                "allocate_slots return value",
+                inputs,
+                expected,
+                got,
+                "return only the NEW blocks (maybe []), or None when too few blocks are free",
+            )
+            expect_equal(
+                "manager state after allocate_slots",
+                inputs,
+                _manager_state(reference, ids),
+                _manager_state(manager, ids),
+                "blocks must cover num_computed_tokens + num_new_tokens; None changes nothing",
+            )
             if expected is not None:
                 for req in (ref_req, lab_req):
                     req.num_computed_tokens += num_new

@@ -43,24 +43,40 @@ def _batch(rng: random.Random) -> dict[str, Any]:
         scheduled.append(num_scheduled)
         num_blocks = -(-total // block_size)
         block_ids.append([free_ids.pop() for _ in range(num_blocks)])
-    return {"token_ids": token_ids, "num_computed_tokens": computed, "num_scheduled_tokens": scheduled,
-            "block_ids": block_ids, "block_size": block_size}
+    return {
+        "token_ids": token_ids,
+        "num_computed_tokens": computed,
+        "num_scheduled_tokens": scheduled,
+        "block_ids": block_ids,
+        "block_size": block_size,
+    }
 
 
 def _cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
     prefill = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [5, 7, 3]}
-    decode = {"token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]], "block_ids": [[1, 2], [3, 4], [5]],
-              "block_size": 4, "num_computed_tokens": [5, 7, 3], "num_scheduled_tokens": [1, 1, 1]}
+    decode = {
+        "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
+        "block_ids": [[1, 2], [3, 4], [5]],
+        "block_size": 4,
+        "num_computed_tokens": [5, 7, 3],
+        "num_scheduled_tokens": [1, 1, 1],
+    }
     return [prefill, decode, *(_batch(random.Random(seed)) for seed in seeds)]
 
 
 def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str) -> None:
     if not isinstance(got, torch.Tensor):
         raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
-            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}")
+            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}"
+        )
     expect_equal(what, inputs, expected.tolist(), got.tolist(), hint)
-    expect_equal(f"{what} dtype", inputs, expected.dtype, got.dtype,
-                 "the values are right; the attention kernels also need this exact dtype")
+    expect_equal(
+        f"{what} dtype",
+        inputs,
+        expected.dtype,
+        got.dtype,
+        "the values are right; the attention kernels also need this exact dtype",
+    )
 
 
 def _req_indices(num_scheduled_tokens: list[int]) -> torch.Tensor:
@@ -75,8 +91,13 @@ def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int
         expected = reference.compute_query_start_loc(case["num_scheduled_tokens"])
         with calling("compute_query_start_loc", inputs):
             got = compute_query_start_loc(case["num_scheduled_tokens"])
-        _expect_tensor("compute_query_start_loc", inputs, expected, got,
-                       "B + 1 entries: 0 then the running total (prefix sum) of scheduled tokens")
+        _expect_tensor(
+            "compute_query_start_loc",
+            inputs,
+            expected,
+            got,
+            "B + 1 entries: 0 then the running total (prefix sum) of scheduled tokens",
+        )
     passed("check_query_start_loc", len(cases))
 
 
@@ -87,8 +108,13 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
         expected = reference.compute_positions(**inputs)
         with calling("compute_positions", inputs):
             got = compute_positions(**inputs)
-        _expect_tensor("compute_positions", inputs, expected, got,
-                       "request i's new tokens sit at num_computed[i], num_computed[i] + 1, ... (one per row)")
+        _expect_tensor(
+            "compute_positions",
+            inputs,
+            expected,
+            got,
+            "request i's new tokens sit at num_computed[i], num_computed[i] + 1, ... (one per row)",
+        )
     passed("check_positions", len(cases))
 
 
@@ -98,22 +124,34 @@ def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = ra
         block_table = reference.make_block_table(case["block_ids"])
         req_indices = _req_indices(case["num_scheduled_tokens"])
         positions = reference.compute_positions(case["num_computed_tokens"], case["num_scheduled_tokens"])
-        inputs = {"block_table": block_table.tolist(), "req_indices": req_indices.tolist(),
-                  "positions": positions.tolist(), "block_size": case["block_size"]}
+        inputs = {
+            "block_table": block_table.tolist(),
+            "req_indices": req_indices.tolist(),
+            "positions": positions.tolist(),
+            "block_size": case["block_size"],
+        }
         expected = reference.compute_slot_mapping(block_table, req_indices, positions, case["block_size"])
         with calling("compute_slot_mapping", inputs):
-            got = compute_slot_mapping(block_table.clone(), req_indices.clone(), positions.clone(),
-                                       case["block_size"])
-        _expect_tensor("compute_slot_mapping", inputs, expected, got,
-                       "slot = block_table[req, pos // block_size] * block_size + pos % block_size")
+            got = compute_slot_mapping(
+                block_table.clone(), req_indices.clone(), positions.clone(), case["block_size"]
+            )
+        _expect_tensor(
+            "compute_slot_mapping",
+            inputs,
+            expected,
+            got,
+            "slot = block_table[req, pos // block_size] * block_size + pos % block_size",
+        )
     passed("check_slot_mapping", len(cases))
 
 
 def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = _cases(seeds)
     for case in cases:
-        inputs = {key: case[key] for key in
-                  ("token_ids", "num_computed_tokens", "num_scheduled_tokens", "block_ids", "block_size")}
+        inputs = {
+            key: case[key]
+            for key in ("token_ids", "num_computed_tokens", "num_scheduled_tokens", "block_ids", "block_size")
+        }
         expected = reference.prepare_inputs(**inputs)
         with calling("prepare_inputs", inputs):
             got = prepare_inputs(**inputs)
@@ -122,6 +160,11 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
                 value = got[name]
             except (KeyError, TypeError, AttributeError):
                 value = getattr(got, name, None)
-            _expect_tensor(f"prepare_inputs(...).{name}", inputs, expected[name], value,
-                           f"see the table in the phase: how {name} is built from the per-request lists")
+            _expect_tensor(
+                f"prepare_inputs(...).{name}",
+                inputs,
+                expected[name],
+                value,
+                f"see the table in the phase: how {name} is built from the per-request lists",
+            )
     passed("check_prepare_inputs", len(cases))

@@ -206,12 +206,12 @@ def _scenario(rng: random.Random | None) -> dict[str, Any]:
         return {"token_ids": token_ids, "prompt_lens": [5, 7, 3], "chunk": [99, 99, 99], "block_size": 4}
     num_reqs = rng.randint(1, 4)
     prompt_lens = [rng.randint(1, 14) for _ in range(num_reqs)]
-    token_ids = [[rng.randrange(101) for _ in range(n + rng.randint(1, 3))] for n in prompt_lens]
-    return {"token_ids": token_ids, "prompt_lens": prompt_lens, "chunk": [rng.randint(1, 6) for _ in prompt_lens],
+    token_ids = [[rng.randrange(101) for _ in range(n + rng.randint(1, 2))] for n in prompt_lens]
+    return {"token_ids": token_ids, "prompt_lens": prompt_lens, "chunk": [rng.randint(2, 8) for _ in prompt_lens],
             "block_size": rng.choice([1, 2, 4, 8])}
 
 
-def check_run_model(run_model: Callable, seeds: Iterable[int] = range(6)) -> None:
+def check_run_model(run_model: Callable, seeds: Iterable[int] = range(3)) -> None:
     hf_model, model = tiny_models()
     scenarios = [_scenario(None), *(_scenario(random.Random(seed)) for seed in seeds)]
     num_steps = 0
@@ -259,3 +259,144 @@ def check_run_model(run_model: Callable, seeds: Iterable[int] = range(6)) -> Non
                 computed[i] += n
             num_steps += 1
     passed("check_run_model", num_steps)
+
+
+# ------------------------------------------------------------------------------------- update_states
+UPDATE_STATES_WORKLOAD = {  # 3 prompts in a pool too small for all of them: chunked prefill, preemption
+    "prompts": [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]], "max_tokens": [6, 5, 7],
+    "block_size": 4, "num_blocks": 7, "max_num_batched_tokens": 8, "late": {},
+}
+
+
+def _random_workload(rng: random.Random) -> dict[str, Any]:
+    num_reqs = rng.randint(2, 5)
+    prompts = [[rng.randrange(1, 400) for _ in range(rng.randint(2, 12))] for _ in range(num_reqs)]
+    block_size = rng.choice([2, 4])
+    need = max(-(-(len(p) + 8) // block_size) for p in prompts)
+    return {"prompts": prompts, "max_tokens": [rng.randint(1, 8) for _ in prompts], "block_size": block_size,
+            "num_blocks": need + 1 + rng.randint(0, 6), "max_num_batched_tokens": rng.choice([6, 8, 16, 64]),
+            "late": {f"r{i}": rng.randint(1, 4) for i in range(num_reqs) if i and rng.random() < 0.3}}
+
+
+def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[Any, dict[str, list[int]]]]]:
+    """Drive mini's real scheduler on `workload` (no model: made-up sampled tokens).
+
+    Returns (the EngineConfig, [(a copy of each step's SchedulerOutput, the tokens sampled per request)]).
+    """
+    import copy
+
+    from mini.config import EngineConfig
+    from mini.core.kv_cache_manager import KVCacheManager
+    from mini.core.request import Request
+    from mini.core.sched.scheduler import Scheduler
+    from mini.sampling_params import SamplingParams
+    from mini.worker.model_runner_output import ModelRunnerOutput
+
+    config = EngineConfig(block_size=workload["block_size"], num_gpu_blocks_override=workload["num_blocks"],
+                          max_num_batched_tokens=workload["max_num_batched_tokens"], max_model_len=64,
+                          max_num_seqs=8)
+    scheduler = Scheduler(config, KVCacheManager(workload["num_blocks"], workload["block_size"]))
+    pending = {f"r{i}": (p, n) for i, (p, n) in enumerate(zip(workload["prompts"], workload["max_tokens"]))}
+    steps: list[tuple[Any, dict[str, list[int]]]] = []
+    for step in range(200):
+        for req_id in [r for r in pending if workload["late"].get(r, 0) <= step]:
+            prompt, max_tokens = pending.pop(req_id)
+            scheduler.add_request(Request(req_id, list(prompt), SamplingParams(
+                temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=1 if req_id == "r1" else None)))
+        if not (pending or scheduler.has_unfinished_requests()):
+            break
+        output = scheduler.schedule()
+        computed = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
+        cached = output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        sampled = {}
+        for req_id, count in output.num_scheduled_tokens.items():
+            is_partial = computed[req_id] + count < scheduler.requests[req_id].num_tokens
+            sampled[req_id] = [] if is_partial else [(7 * step + len(req_id) * 31 + count) % 400 + 1]
+        steps.append((copy.deepcopy(output), sampled))
+        req_ids = list(output.num_scheduled_tokens)
+        scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[sampled[r] for r in req_ids]))
+    return config, steps
+
+
+@functools.lru_cache(maxsize=1)
+def _small_model() -> Any:
+    """A 1-layer mini Llama built from a plain config dict: the runner needs one, update_states never runs it."""
+    from mini.model.llama import LlamaForCausalLM
+
+    return LlamaForCausalLM({"model_type": "llama", "vocab_size": 401, "hidden_size": 16, "intermediate_size": 32,
+                             "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                             "rms_norm_eps": 1e-6, "rope_theta": 10000.0})
+
+
+class _RecordingLogitsprocs:
+    """Stands in for the runner's logits processors: records each BatchUpdate it is given."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+
+    def update_state(self, batch_update: Any) -> None:
+        self.updates.append(None if batch_update is None else (
+            sorted(a[0] for a in batch_update.added), sorted(batch_update.removed),
+            [(m[0], m[1]) for m in batch_update.moved]))
+
+
+def _runner_state(model_runner: Any) -> dict[str, Any]:
+    return {
+        "rows (input_batch.req_ids)": list(model_runner.input_batch.req_ids),
+        "requests": {req_id: {"prompt_token_ids": s.prompt_token_ids, "output_token_ids": s.output_token_ids,
+                              "block_ids": s.block_ids, "num_computed_tokens": s.num_computed_tokens,
+                              "has_generator": s.generator is not None}
+                     for req_id, s in sorted(model_runner.requests.items())},
+        "BatchUpdates given to logitsprocs.update_state": list(model_runner.logitsprocs.updates),
+    }
+
+
+def _describe(scheduler_output: Any) -> dict[str, Any]:
+    cached = scheduler_output.scheduled_cached_reqs
+    return {
+        "finished_req_ids": sorted(scheduler_output.finished_req_ids),
+        "scheduled_new_reqs": [(n.req_id, f"prompt {n.prompt_token_ids}", f"output {n.output_token_ids}",
+                                f"blocks {n.block_ids}", f"computed {n.num_computed_tokens}")
+                               for n in scheduler_output.scheduled_new_reqs],
+        "scheduled_cached_reqs": list(zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)),
+        "num_scheduled_tokens": dict(scheduler_output.num_scheduled_tokens),
+    }
+
+
+def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)) -> None:
+    from mini.worker.model_runner import ModelRunner
+
+    workloads = [UPDATE_STATES_WORKLOAD, *(_random_workload(random.Random(seed)) for seed in seeds)]
+    num_steps = 0
+    for workload in workloads:
+        config, steps = record_scheduler_outputs(workload)
+        runners = []
+        for _ in range(2):
+            model_runner = ModelRunner(config, _small_model(), None, workload["num_blocks"])
+            model_runner.logitsprocs = _RecordingLogitsprocs()
+            runners.append(model_runner)
+        expected_runner, got_runner = runners
+        history: list[str] = []
+        for step, (scheduler_output, sampled) in enumerate(steps, start=1):
+            inputs = {"step": step, "this step's SchedulerOutput": _describe(scheduler_output),
+                      "earlier steps (num_scheduled_tokens)": history[-4:]}
+            expected_runner.update_states(scheduler_output)
+            with calling("update_states", inputs):
+                update_states(got_runner, scheduler_output)
+            expected, got = _runner_state(expected_runner), _runner_state(got_runner)
+            for key in expected:
+                expect_equal(f"update_states: {key}", inputs, expected[key], got[key],
+                             "finished -> drop state and row; scheduled-but-unknown-to-the-batch rows are added "
+                             "(new requests first, then cached ones), running-but-unscheduled leave the batch "
+                             "keeping their state; cached: extend block_ids, set num_computed_tokens; then "
+                             "condense() and logitsprocs.update_state(input_batch.get_batch_update())")
+            for model_runner in runners:  # what execute_model does after sampling: append the kept tokens
+                for state in model_runner.input_batch.occupied_requests():
+                    for token in sampled.get(state.req_id, []):
+                        state.append_output_token(token)
+            history.append(str(dict(scheduler_output.num_scheduled_tokens)))
+            num_steps += 1
+    passed("check_update_states", num_steps)

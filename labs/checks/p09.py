@@ -50,7 +50,8 @@ def _expect_logits(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
     __tracebackhide__ = True
     if not isinstance(got, torch.Tensor):
         raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
-            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}")
+            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}"
+        )
     expect_equal(f"{what} shape", inputs, tuple(expected.shape), tuple(got.shape), hint)
     same_inf = torch.equal(torch.isinf(expected), torch.isinf(got)) and not bool(torch.isnan(got).any())
     finite = torch.isfinite(expected)
@@ -72,15 +73,22 @@ def _values(rng: random.Random, num_rows: int, neutral: float, low: float, high:
 def _penalty_args(case: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     logits = torch.tensor(case["logits"], dtype=torch.float32)
     vocab_size = logits.shape[1]
-    return (logits, _padded(case["prompt_token_ids"], vocab_size), _padded(case["output_token_ids"], vocab_size),
-            torch.tensor(case["presence_penalties"]), torch.tensor(case["frequency_penalties"]),
-            torch.tensor(case["repetition_penalties"]))
+    return (
+        logits,
+        _padded(case["prompt_token_ids"], vocab_size),
+        _padded(case["output_token_ids"], vocab_size),
+        torch.tensor(case["presence_penalties"]),
+        torch.tensor(case["frequency_penalties"]),
+        torch.tensor(case["repetition_penalties"]),
+    )
 
 
 def _penalty_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
-    cases = [dict(WORKED_PENALTIES),
-             {**WORKED_PENALTIES, "repetition_penalties": [0.5]},  # < 1 encourages repeats
-             {**WORKED_PENALTIES, "prompt_token_ids": [[]], "output_token_ids": [[]]}]  # no history: untouched
+    cases = [
+        dict(WORKED_PENALTIES),
+        {**WORKED_PENALTIES, "repetition_penalties": [0.5]},  # < 1 encourages repeats
+        {**WORKED_PENALTIES, "prompt_token_ids": [[]], "output_token_ids": [[]]},
+    ]  # no history: untouched
     for seed in seeds:
         rng = random.Random(seed)
         num_rows, vocab_size = rng.randint(1, 6), rng.randint(4, 50)
@@ -91,10 +99,16 @@ def _penalty_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
         prompts = [[rng.choice(hot) for _ in range(rng.randint(0, 8))] for _ in range(num_rows)]
         outputs = [[rng.choice(hot) for _ in range(rng.randint(0, 10))] for _ in range(num_rows)]
 
-        cases.append({"logits": logits, "prompt_token_ids": prompts, "output_token_ids": outputs,
-                      "presence_penalties": _values(rng, num_rows, 0.0, -1.0, 2.0),
-                      "frequency_penalties": _values(rng, num_rows, 0.0, -1.0, 2.0),
-                      "repetition_penalties": _values(rng, num_rows, 1.0, 0.5, 2.0)})
+        cases.append(
+            {
+                "logits": logits,
+                "prompt_token_ids": prompts,
+                "output_token_ids": outputs,
+                "presence_penalties": _values(rng, num_rows, 0.0, -1.0, 2.0),
+                "frequency_penalties": _values(rng, num_rows, 0.0, -1.0, 2.0),
+                "repetition_penalties": _values(rng, num_rows, 1.0, 0.5, 2.0),
+            }
+        )
     return cases
 
 
@@ -105,15 +119,25 @@ def check_apply_all_penalties(apply_all_penalties: Callable, seeds: Iterable[int
         expected = reference_apply_all_penalties(*_penalty_args(case))
         with calling("apply_all_penalties", inputs):
             got = apply_all_penalties(*_penalty_args(case))
-        _expect_logits("apply_all_penalties", inputs, expected, got,
-                       "repetition r: a token in the prompt OR the output has its logit divided by r if > 0, "
-                       "multiplied by r otherwise; then subtract frequency * (count in the OUTPUT) and "
-                       "presence * (1 if in the OUTPUT); padding ids (== vocab_size) are not tokens")
+        _expect_logits(
+            "apply_all_penalties",
+            inputs,
+            expected,
+            got,
+            "repetition r: a token in the prompt OR the output has its logit divided by r if > 0, "
+            "multiplied by r otherwise; then subtract frequency * (count in the OUTPUT) and "
+            "presence * (1 if in the OUTPUT); padding ids (== vocab_size) are not tokens",
+        )
     worked = [torch.tensor(WORKED_PENALTIES[name]) for name in WORKED_PENALTIES]
     with calling("apply_all_penalties", WORKED_PENALTIES):
         got = apply_all_penalties(*worked)
-    _expect_logits("apply_all_penalties (the worked example)", WORKED_PENALTIES, torch.tensor(WORKED_PENALIZED),
-                   got, "see the table of the worked example")
+    _expect_logits(
+        "apply_all_penalties (the worked example)",
+        WORKED_PENALTIES,
+        torch.tensor(WORKED_PENALIZED),
+        got,
+        "see the table of the worked example",
+    )
     passed("check_apply_all_penalties", len(cases) + 1)
 
 
@@ -139,11 +163,14 @@ def _new_request(rng: random.Random, number: int, vocab_size: int) -> FakeReques
     stop = rng.sample(range(vocab_size), rng.randint(0, 3))
     params = SamplingParams(min_tokens=min_tokens, stop_token_ids=stop, max_tokens=20)
     outputs = [rng.randrange(vocab_size) for _ in range(rng.choice([0, 0, 0, 2]))]  # some resume with outputs
-    return FakeRequest(number, params, [number] + [rng.randrange(vocab_size) for _ in range(rng.randint(0, 4))],
-                       outputs)
+    return FakeRequest(
+        number, params, [number] + [rng.randrange(vocab_size) for _ in range(rng.randint(0, 4))], outputs
+    )
 
 
-def batch_update_fuzz(seed: int, num_steps: int = 60, vocab_size: int = 12, max_rows: int = 8) -> list[FuzzStep]:
+def batch_update_fuzz(
+    seed: int, num_steps: int = 60, vocab_size: int = 12, max_rows: int = 8
+) -> list[FuzzStep]:
     """Random steps of a persistent batch, with the BatchUpdate each one produces (None: no change)."""
     rng = random.Random(seed)
     rows: list[FakeRequest | None] = []
@@ -181,7 +208,9 @@ def batch_update_fuzz(seed: int, num_steps: int = 60, vocab_size: int = 12, max_
             a, b = rng.sample(range(len(rows)), 2)
             rows[a], rows[b] = rows[b], rows[a]
             moved.append((a, b, SWAP))
-        update = BatchUpdate(len(rows), sorted(removed), added, moved) if (removed or added or moved) else None
+        update = (
+            BatchUpdate(len(rows), sorted(removed), added, moved) if (removed or added or moved) else None
+        )
         steps.append(FuzzStep(update, list(rows)))
         for request in rows:  # every running request generates one token
             request.output_token_ids.append(rng.randrange(vocab_size))
@@ -191,8 +220,14 @@ def batch_update_fuzz(seed: int, num_steps: int = 60, vocab_size: int = 12, max_
 def _describe(update: BatchUpdate | None) -> str:
     if update is None:
         return "None (no change)"
-    added = [(row, f"req(min_tokens={params.min_tokens}, stop={sorted(params.stop_token_ids)}, prompt={prompt}, "
-                   + f"output={output})") for row, params, prompt, output in update.added]
+    added = [
+        (
+            row,
+            f"req(min_tokens={params.min_tokens}, stop={sorted(params.stop_token_ids)}, prompt={prompt}, "
+            + f"output={output})",
+        )
+        for row, params, prompt, output in update.added
+    ]
     moved = [(a, b, direction.name) for a, b, direction in update.moved]
     return f"BatchUpdate(batch_size={update.batch_size}, removed={list(update.removed)}, added={added}, moved={moved})"
 
@@ -202,10 +237,15 @@ def check_process_dict_updates(process_dict_updates: Callable, seeds: Iterable[i
         return (prompt_ids[0], params.min_tokens) if params.min_tokens > 0 else None
 
     num_cases = 0
-    worked = [BatchUpdate(4, [], [(row, SamplingParams(min_tokens=row + 1), [100 + row], []) for row in range(4)], []),
-              BatchUpdate(3, [2], [(0, SamplingParams(min_tokens=9), [104], [])], [(3, 2, UNI)]),
-              BatchUpdate(3, [], [], [(0, 2, SWAP)]), None,
-              BatchUpdate(3, [], [(1, SamplingParams(), [105], [])], [])]
+    worked = [
+        BatchUpdate(
+            4, [], [(row, SamplingParams(min_tokens=row + 1), [100 + row], []) for row in range(4)], []
+        ),
+        BatchUpdate(3, [2], [(0, SamplingParams(min_tokens=9), [104], [])], [(3, 2, UNI)]),
+        BatchUpdate(3, [], [], [(0, 2, SWAP)]),
+        None,
+        BatchUpdate(3, [], [(1, SamplingParams(), [105], [])], []),
+    ]
     sequences = [worked] + [[step.update for step in batch_update_fuzz(seed)] for seed in seeds]
     for updates in sequences:
         expected_entries: dict[int, Any] = {}
@@ -213,16 +253,29 @@ def check_process_dict_updates(process_dict_updates: Callable, seeds: Iterable[i
         history: list[str] = []
         for update in updates:
             history.append(_describe(update))
-            inputs = {"updates so far (the last one is this step's)": history[-3:], "entries before": dict(got_entries)}
+            inputs = {
+                "updates so far (the last one is this step's)": history[-3:],
+                "entries before": dict(got_entries),
+            }
             expected_changed = reference_process_dict_updates(expected_entries, update, new_state)
             with calling("process_dict_updates", inputs):
                 got_changed = process_dict_updates(got_entries, update, new_state)
-            expect_equal("process_dict_updates: the entries", inputs, expected_entries, got_entries,
-                         "removes, then adds (new_state(params, prompt, output); None drops a replaced row's "
-                         "entry), then moves in order: UNIDIRECTIONAL a->b moves a's entry to b (b's old entry is "
-                         "discarded), SWAP exchanges them")
-            expect_equal("process_dict_updates: the returned 'changed'", inputs, expected_changed, got_changed,
-                         "return True exactly when the dict changed (False for None)")
+            expect_equal(
+                "process_dict_updates: the entries",
+                inputs,
+                expected_entries,
+                got_entries,
+                "removes, then adds (new_state(params, prompt, output); None drops a replaced row's "
+                "entry), then moves in order: UNIDIRECTIONAL a->b moves a's entry to b (b's old entry is "
+                "discarded), SWAP exchanges them",
+            )
+            expect_equal(
+                "process_dict_updates: the returned 'changed'",
+                inputs,
+                expected_changed,
+                got_changed,
+                "return True exactly when the dict changed (False for None)",
+            )
             num_cases += 1
     passed("check_process_dict_updates", num_cases)
 
@@ -234,17 +287,27 @@ def check_min_tokens_processor(processor_class: type, seeds: Iterable[int] = ran
     for seed in seeds:
         steps = batch_update_fuzz(seed, vocab_size=vocab_size)
         reference = ReferenceMinTokens(config, torch.device("cpu"), False)
-        with calling(processor_class.__name__, {"vllm_config": config, "device": "cpu", "is_pin_memory": False}):
+        with calling(
+            processor_class.__name__, {"vllm_config": config, "device": "cpu", "is_pin_memory": False}
+        ):
             processor = processor_class(config, torch.device("cpu"), False)
             argmax_invariant = processor.is_argmax_invariant()
-        expect_equal(f"{processor_class.__name__}.is_argmax_invariant()", {}, False, argmax_invariant,
-                     "masking stop tokens can change the argmax: the processor must run before greedy sampling")
+        expect_equal(
+            f"{processor_class.__name__}.is_argmax_invariant()",
+            {},
+            False,
+            argmax_invariant,
+            "masking stop tokens can change the argmax: the processor must run before greedy sampling",
+        )
         generator = torch.Generator().manual_seed(seed)
         history: list[str] = []
         for index, step in enumerate(steps):
             history.append(_describe(step.update))
-            rows = [f"row {row}: min_tokens={r.params.min_tokens}, stop={sorted(r.params.stop_token_ids)}, "
-                    f"{len(r.output_token_ids)} output tokens" for row, r in enumerate(step.rows)]
+            rows = [
+                f"row {row}: min_tokens={r.params.min_tokens}, stop={sorted(r.params.stop_token_ids)}, "
+                f"{len(r.output_token_ids)} output tokens"
+                for row, r in enumerate(step.rows)
+            ]
             inputs = {"seed": seed, "step": index, "this step's update": history[-1], "rows now": rows}
             reference.update_state(step.update)
             with calling(f"{processor_class.__name__}.update_state", inputs):
@@ -253,39 +316,58 @@ def check_min_tokens_processor(processor_class: type, seeds: Iterable[int] = ran
             expected = reference.apply(logits.clone())
             with calling(f"{processor_class.__name__}.apply", inputs):
                 got = processor.apply(logits.clone())
-            _expect_logits(f"{processor_class.__name__}.apply after update_state", inputs, expected, got,
-                           "a row whose request has fewer than min_tokens output tokens gets -inf on each of its "
-                           "stop tokens; every other logit is left bit-identical. Follow the rows through "
-                           "removes -> adds -> moves, and remember the output lists grow by reference")
+            _expect_logits(
+                f"{processor_class.__name__}.apply after update_state",
+                inputs,
+                expected,
+                got,
+                "a row whose request has fewer than min_tokens output tokens gets -inf on each of its "
+                "stop tokens; every other logit is left bit-identical. Follow the rows through "
+                "removes -> adds -> moves, and remember the output lists grow by reference",
+            )
             num_cases += 1
     passed("check_min_tokens_processor", num_cases)
 
 
 # ---------------------------------------------------------------- condense
 def _state(req_id: str) -> CachedRequestState:
-    return CachedRequestState(req_id=req_id, prompt_token_ids=[1], output_token_ids=[], sampling_params=SamplingParams(),
-                              generator=None, block_ids=[], num_computed_tokens=0)
+    return CachedRequestState(
+        req_id=req_id,
+        prompt_token_ids=[1],
+        output_token_ids=[],
+        sampling_params=SamplingParams(),
+        generator=None,
+        block_ids=[],
+        num_computed_tokens=0,
+    )
 
 
 def _batch_view(batch: InputBatch) -> dict[str, Any]:
-    return {"req_ids": list(batch.req_ids),
-            "requests": [None if s is None else s.req_id for s in batch.requests],
-            "req_id_to_index": dict(sorted(batch.req_id_to_index.items()))}
+    return {
+        "req_ids": list(batch.req_ids),
+        "requests": [None if s is None else s.req_id for s in batch.requests],
+        "req_id_to_index": dict(sorted(batch.req_id_to_index.items())),
+    }
 
 
 def _update_view(update: BatchUpdate | None) -> Any:
     if update is None:
         return None
-    return {"batch_size": update.batch_size, "removed": list(update.removed),
-            "added": [row for row, *_ in update.added],
-            "moved": [(a, b, direction.name) for a, b, direction in update.moved]}
+    return {
+        "batch_size": update.batch_size,
+        "removed": list(update.removed),
+        "added": [row for row, *_ in update.added],
+        "moved": [(a, b, direction.name) for a, b, direction in update.moved],
+    }
 
 
 def _condense_cases(seeds: Iterable[int]) -> list[list[tuple[list[str], list[str]]]]:
     """Each case: steps of (finished request ids, new request ids)."""
-    cases = [[([], ["A", "B", "C", "D"]), (["A", "C"], ["E"])],  # the worked example
-             [([], ["A", "B", "C", "D", "E"]), (["B", "C", "E"], [])],
-             [([], ["A", "B"]), (["A", "B"], [])]]
+    cases = [
+        [([], ["A", "B", "C", "D"]), (["A", "C"], ["E"])],  # the worked example
+        [([], ["A", "B", "C", "D", "E"]), (["B", "C", "E"], [])],
+        [([], ["A", "B"]), (["A", "B"], [])],
+    ]
     for seed in seeds:
         rng = random.Random(seed)
         live: list[str] = []
@@ -311,15 +393,26 @@ def check_condense(condense: Callable, seeds: Iterable[int] = range(30)) -> None
                     batch.remove_request(req_id)
                 for req_id in new:
                     batch.add_request(_state(req_id))
-            inputs = {"steps (finished, new)": steps[: index + 1],
-                      "rows before condense (None = hole)": list(got_batch.req_ids)}
+            inputs = {
+                "steps (finished, new)": steps[: index + 1],
+                "rows before condense (None = hole)": list(got_batch.req_ids),
+            }
             expected_batch.condense()
             with calling("condense", inputs):
                 types.MethodType(condense, got_batch)()
-            hint = ("repeatedly: drop trailing holes, then move the HIGHEST occupied row into the LOWEST hole, "
-                    "updating req_ids, requests and req_id_to_index, and record each move with "
-                    "self.batch_update_builder.moved_append((from_row, to_row, MoveDirectionality.UNIDIRECTIONAL))")
-            expect_equal("condense: the rows", inputs, _batch_view(expected_batch), _batch_view(got_batch), hint)
-            expect_equal("condense: the step's BatchUpdate", inputs, _update_view(expected_batch.get_batch_update()),
-                         _update_view(got_batch.get_batch_update()), hint)
+            hint = (
+                "repeatedly: drop trailing holes, then move the HIGHEST occupied row into the LOWEST hole, "
+                "updating req_ids, requests and req_id_to_index, and record each move with "
+                "self.batch_update_builder.moved_append((from_row, to_row, MoveDirectionality.UNIDIRECTIONAL))"
+            )
+            expect_equal(
+                "condense: the rows", inputs, _batch_view(expected_batch), _batch_view(got_batch), hint
+            )
+            expect_equal(
+                "condense: the step's BatchUpdate",
+                inputs,
+                _update_view(expected_batch.get_batch_update()),
+                _update_view(got_batch.get_batch_update()),
+                hint,
+            )
     passed("check_condense", len(cases))

@@ -1,8 +1,10 @@
 """Mirrors no vllm/v1 file: the course's command line.
 
-    python -m mini.course release   # normalize solutions/, regenerate phases/ with nbgrader
-    python -m mini.course check     # exit 1 and list the files if phases/ drifted from solutions/
-    python -m mini.course list      # the phases (assignment ids) found in solutions/
+    python -m mini.course release [NN_topic ...]  # normalize solutions/, regenerate phases/ with nbgrader
+    python -m mini.course check [NN_topic ...]    # exit 1 and list the files if phases/ drifted
+    python -m mini.course list                    # the phases (assignment ids) found in solutions/
+
+With no NN_topic, every phase in solutions/ is processed (and stale phases/ files are deleted).
 """
 
 from __future__ import annotations
@@ -16,15 +18,21 @@ from mini.course.release import find_drift, list_assignments, release
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini.course", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["release", "check", "list"])
+    parser.add_argument("assignment_ids", nargs="*", metavar="NN_topic", help="only these phases")
     args = parser.parse_args(argv)
+    known = list_assignments()
+    unknown = [a for a in args.assignment_ids if a not in known]
+    if unknown:
+        parser.error(f"unknown phase(s) {unknown}; phases in solutions/: {known}")
+    ids = args.assignment_ids or None
     if args.command == "list":
         print("\n".join(list_assignments()))
         return 0
     if args.command == "release":
-        changed = release()
+        changed = release(assignment_ids=ids)
         print("\n".join(changed) if changed else "phases/ already up to date")
         return 0
-    drift = find_drift()
+    drift = find_drift(assignment_ids=ids)
     print(drift.describe())
     return 0 if drift.is_clean() else 1
 

@@ -39,10 +39,17 @@ def setup(source: str, cell_id: str) -> NotebookNode:
     return code(source, cell_id, tags=["setup"])
 
 
-def _nbgrader(grade_id: str, *, solution: bool, grade: bool, locked: bool,
-              points: float | None = None) -> dict:
-    metadata = {"grade": grade, "grade_id": grade_id, "locked": locked,
-                "schema_version": NBGRADER_SCHEMA_VERSION, "solution": solution, "task": False}
+def _nbgrader(
+    grade_id: str, *, solution: bool, grade: bool, locked: bool, points: float | None = None
+) -> dict:
+    metadata = {
+        "grade": grade,
+        "grade_id": grade_id,
+        "locked": locked,
+        "schema_version": NBGRADER_SCHEMA_VERSION,
+        "solution": solution,
+        "task": False,
+    }
     if points is not None:
         metadata["points"] = points
     return metadata

@@ -44,7 +44,8 @@ def list_assignments(root: Path = REPO_ROOT) -> list[str]:
     if not source.is_dir():
         return []
     return sorted(
-        d.name for d in source.iterdir()
+        d.name
+        for d in source.iterdir()
         if d.is_dir() and ASSIGNMENT_NAME.match(d.name) and (d / f"{d.name}.ipynb").is_file()
     )
 
@@ -55,6 +56,8 @@ def _nbgrader_config(course_root: Path):
     config = PyFileConfigLoader("nbgrader_config.py", path=str(REPO_ROOT)).load_config()
     config.CourseDirectory.root = str(course_root)
     config.CourseDirectory.db_url = f"sqlite:///{course_root / 'gradebook.db'}"
+    (course_root / "exchange").mkdir(parents=True, exist_ok=True)
+    config.Exchange.root = str(course_root / "exchange")  # nbgrader's default lives outside the course
     return config
 
 
@@ -71,10 +74,10 @@ def generate_assignment(course_root: Path, assignment_id: str) -> None:
         raise RuntimeError(f"nbgrader generate_assignment {assignment_id} failed:\n{result['log']}")
 
 
-def normalize_sources(root: Path = REPO_ROOT) -> list[str]:
-    """Normalize every solutions/ notebook in place; return the ones that changed."""
+def normalize_sources(root: Path = REPO_ROOT, assignment_ids: list[str] | None = None) -> list[str]:
+    """Normalize the solutions/ notebooks in place (all, or the given phases); return those that changed."""
     changed = []
-    for assignment_id in list_assignments(root):
+    for assignment_id in list_assignments(root) if assignment_ids is None else assignment_ids:
         path = root / "solutions" / assignment_id / f"{assignment_id}.ipynb"
         if write_normalized(read_notebook(path), path):
             changed.append(str(path.relative_to(root)))
@@ -88,8 +91,11 @@ def generated_files(assignment_ids: list[str] | None = None, root: Path = REPO_R
     with tempfile.TemporaryDirectory(prefix="mini-course-") as scratch_dir:
         scratch = Path(scratch_dir)
         for assignment_id in ids:
-            shutil.copytree(root / "solutions" / assignment_id, scratch / "solutions" / assignment_id,
-                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+            shutil.copytree(
+                root / "solutions" / assignment_id,
+                scratch / "solutions" / assignment_id,
+                ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
+            )
             generate_assignment(scratch, assignment_id)
             released = scratch / "phases" / assignment_id
             for path in sorted(p for p in released.rglob("*") if p.is_file()):
@@ -101,19 +107,24 @@ def generated_files(assignment_ids: list[str] | None = None, root: Path = REPO_R
     return files
 
 
-def _phase_files(root: Path) -> set[str]:
+def _phase_files(root: Path, assignment_ids: list[str] | None = None) -> set[str]:
     phases = root / "phases"
     if not phases.is_dir():
         return set()
     return {
-        str(p.relative_to(root)) for p in phases.rglob("*")
-        if p.is_file() and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts
+        str(p.relative_to(root))
+        for p in phases.rglob("*")
+        if p.is_file()
+        and ".ipynb_checkpoints" not in p.parts
+        and "__pycache__" not in p.parts
+        and (assignment_ids is None or p.relative_to(phases).parts[0] in assignment_ids)
     }
 
 
-def find_drift(root: Path = REPO_ROOT) -> Drift:
-    expected = generated_files(root=root)
-    present = _phase_files(root)
+def find_drift(root: Path = REPO_ROOT, assignment_ids: list[str] | None = None) -> Drift:
+    """What differs in phases/ (only under the given assignments, if any)."""
+    expected = generated_files(assignment_ids, root=root)
+    present = _phase_files(root, assignment_ids)
     drift = Drift()
     for relative, content in expected.items():
         if relative not in present:
@@ -124,17 +135,19 @@ def find_drift(root: Path = REPO_ROOT) -> Drift:
     return drift
 
 
-def release(root: Path = REPO_ROOT) -> list[str]:
-    """Normalize solutions/, regenerate phases/ from it, delete stale files; return what changed."""
-    changed = normalize_sources(root)
-    expected = generated_files(root=root)
+def release(root: Path = REPO_ROOT, assignment_ids: list[str] | None = None) -> list[str]:
+    """Normalize solutions/, regenerate phases/ from it, delete stale files; return what changed.
+
+    With `assignment_ids`, only those phases are touched."""
+    changed = normalize_sources(root, assignment_ids)
+    expected = generated_files(assignment_ids, root=root)
     for relative, content in expected.items():
         path = root / relative
         if not path.exists() or path.read_bytes() != content:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
             changed.append(relative)
-    for relative in sorted(_phase_files(root) - set(expected)):
+    for relative in sorted(_phase_files(root, assignment_ids) - set(expected)):
         (root / relative).unlink()
         changed.append(f"{relative} (deleted)")
     return changed

@@ -1,6 +1,6 @@
-"""Views for the course: plain-data models, HTML/ipywidgets rendering and static matplotlib figures.
+"""Mirrors no vllm/v1 file: the course's views (plain-data models, ipywidgets, static matplotlib).
 
-Mirrors no vllm/v1 file; each view draws the state of the vLLM module it names:
+Each view draws the state of the vLLM module it names:
 
 - `recording`: `record_run(llm, prompts, params)` steps a real engine and snapshots the KV state;
 - `block_table`: KV pool grid, block tables, ref counts, free queue (vllm/v1/core/block_pool.py);
@@ -85,3 +85,6 @@ from mini.viz.scheduler_timeline import (
 
 __all__ += ["SchedulerTimeline", "TimelineStep", "plot_batching_comparison", "plot_scheduler_timeline",
             "record_timeline", "render_timeline_html", "scheduler_timeline_widget"]
+from mini.viz.detokenizer_stream import DetokStep, detokenizer_stream, render_detokenizer_html
+
+__all__ += ["DetokStep", "detokenizer_stream", "render_detokenizer_html"]

@@ -28,7 +28,9 @@ Rows = list  # list[str | None]: the request id in each row, None = hole
 class RowEvent:
     """What happened to one row in a step."""
 
-    kind: str  # "added" (into a new row), "replaced" (a finished request's row), "removed", "moved", "swapped"
+    kind: (
+        str  # "added" (into a new row), "replaced" (a finished request's row), "removed", "moved", "swapped"
+    )
     row: int
     req_id: str | None
     from_row: int | None = None  # for "moved" / "swapped": the other row
@@ -82,8 +84,9 @@ def _trim(rows: Rows) -> Rows:
     return rows
 
 
-def replay_batch_update(rows: Sequence[str | None], update: Any, added_ids: Sequence[str], step: int = 0
-                        ) -> BatchRowsStep:
+def replay_batch_update(
+    rows: Sequence[str | None], update: Any, added_ids: Sequence[str], step: int = 0
+) -> BatchRowsStep:
     """Apply `update` (a BatchUpdate or None) to `rows`, as a logits processor must: removes -> adds -> moves.
 
     `added_ids[i]` is the request id of `update.added[i]` (a BatchUpdate carries params, not ids).
@@ -92,8 +95,9 @@ def replay_batch_update(rows: Sequence[str | None], update: Any, added_ids: Sequ
     if update is None:
         return BatchRowsStep(step, before, [], [], [], [], [], changed=False)
     if len(added_ids) != len(update.added):
-        raise ValueError(f"added_ids must name each added request: {len(update.added)} added, "
-                         f"{len(added_ids)} ids given")
+        raise ValueError(
+            f"added_ids must name each added request: {len(update.added)} added, {len(added_ids)} ids given"
+        )
     current: Rows = list(before)
     events: list[RowEvent] = []
     stages: list[tuple[str, Rows]] = []
@@ -135,14 +139,17 @@ def replay_batch_update(rows: Sequence[str | None], update: Any, added_ids: Sequ
         stages.append((label, list(current)))
     stages = [(label, _trim(r)) for label, r in stages]
     if len(stages[-1][1]) != update.batch_size:
-        raise ValueError(f"after the update the batch has {len(stages[-1][1])} rows, but batch_size is "
-                         f"{update.batch_size}: the update does not fit these rows")
+        raise ValueError(
+            f"after the update the batch has {len(stages[-1][1])} rows, but batch_size is "
+            f"{update.batch_size}: the update does not fit these rows"
+        )
     return BatchRowsStep(step, before, stages, events, removed, added, moved)
 
 
 # ---------------------------------------------------------------- recording
-def recording_from_updates(rows: Sequence[str | None], updates: Sequence[tuple[Any, Sequence[str]]]
-                           ) -> BatchRowsRecording:
+def recording_from_updates(
+    rows: Sequence[str | None], updates: Sequence[tuple[Any, Sequence[str]]]
+) -> BatchRowsRecording:
     """Replay hand-written `(BatchUpdate or None, added request ids)` pairs, starting from `rows`."""
     steps: list[BatchRowsStep] = []
     current = _trim(rows)
@@ -160,8 +167,9 @@ def _added_ids(update: Any, requests: Sequence[Any]) -> list[str]:
     return [by_output.get(id(output), "?") for *_, output in (update.added if update is not None else [])]
 
 
-def record_batch_updates(llm: Any, arrivals: Sequence[tuple[int, Any, Any]], max_steps: int = 200
-                         ) -> BatchRowsRecording:
+def record_batch_updates(
+    llm: Any, arrivals: Sequence[tuple[int, Any, Any]], max_steps: int = 200
+) -> BatchRowsRecording:
     """Step `llm`'s engine; `arrivals[i] = (step, prompt, params)` adds request "r{i}" before that step.
 
     Each engine step's BatchUpdate is caught where the runner asks its InputBatch for it
@@ -196,8 +204,10 @@ def record_batch_updates(llm: Any, arrivals: Sequence[tuple[int, Any, Any]], max
             for update, after, added_ids in caught:
                 replayed = replay_batch_update(rows, update, added_ids, step=step)
                 if replayed.after != _trim(after):
-                    raise RuntimeError(f"step {step}: replaying the BatchUpdate gives rows {replayed.after}, "
-                                       f"but the InputBatch holds {after}")
+                    raise RuntimeError(
+                        f"step {step}: replaying the BatchUpdate gives rows {replayed.after}, "
+                        f"but the InputBatch holds {after}"
+                    )
                 steps.append(replayed)
                 rows = _trim(after)
     finally:
@@ -205,9 +215,11 @@ def record_batch_updates(llm: Any, arrivals: Sequence[tuple[int, Any, Any]], max
     return BatchRowsRecording(steps, request_ids)
 
 
-def record_input_batch(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
-                       swaps: Sequence[Sequence[tuple[int, int]]] | None = None, max_num_reqs: int = 64
-                       ) -> BatchRowsRecording:
+def record_input_batch(
+    steps: Sequence[tuple[Sequence[str], Sequence[str]]],
+    swaps: Sequence[Sequence[tuple[int, int]]] | None = None,
+    max_num_reqs: int = 64,
+) -> BatchRowsRecording:
     """Drive a fresh `InputBatch`: per step, remove the finished ids, add the new ones, condense, then swap.
 
     `swaps[i]` lists row pairs to exchange after step i's condense (needs `InputBatch.swap_states`).
@@ -222,21 +234,32 @@ def record_input_batch(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
     for index, (finished, new) in enumerate(steps):
         for req_id in finished:
             batch.remove_request(req_id)
-        states = [CachedRequestState(req_id=req_id, prompt_token_ids=[0], output_token_ids=[],
-                                     sampling_params=SamplingParams(), generator=None, block_ids=[],
-                                     num_computed_tokens=0) for req_id in new]
+        states = [
+            CachedRequestState(
+                req_id=req_id,
+                prompt_token_ids=[0],
+                output_token_ids=[],
+                sampling_params=SamplingParams(),
+                generator=None,
+                block_ids=[],
+                num_computed_tokens=0,
+            )
+            for req_id in new
+        ]
         request_ids += list(new)
         for state in states:
             batch.add_request(state)
         batch.condense()
-        for a, b in (swaps[index] if swaps is not None and index < len(swaps) else ()):
+        for a, b in swaps[index] if swaps is not None and index < len(swaps) else ():
             if not hasattr(batch, "swap_states"):
                 raise ValueError("this InputBatch has no swap_states(a, b): swaps are not available")
             batch.swap_states(a, b)
         update = batch.get_batch_update()
         replayed = replay_batch_update(rows, update, _added_ids(update, states), step=index)
         if replayed.after != _trim(batch.req_ids):
-            raise RuntimeError(f"step {index}: replay gives {replayed.after}, the InputBatch holds {batch.req_ids}")
+            raise RuntimeError(
+                f"step {index}: replay gives {replayed.after}, the InputBatch holds {batch.req_ids}"
+            )
         recorded.append(replayed)
         rows = _trim(batch.req_ids)
     return BatchRowsRecording(recorded, request_ids)
@@ -248,8 +271,13 @@ _MARKS = {"added": "+", "replaced": "+", "moved": "\u2190", "swapped": "\u21c4"}
 
 def render_batch_rows_html(step: BatchRowsStep, request_ids: Sequence[str] | None = None) -> str:
     """A table: one column per stage (before, removes, adds, each move), one line per row."""
-    ids = list(request_ids) if request_ids is not None else sorted(
-        {r for rows in [step.before] + [s for _, s in step.stages] for r in rows if r is not None})
+    ids = (
+        list(request_ids)
+        if request_ids is not None
+        else sorted(
+            {r for rows in [step.before] + [s for _, s in step.stages] for r in rows if r is not None}
+        )
+    )
     colors = request_colors(ids)
     columns = [("before", step.before)] + step.stages
     height = max((len(rows) for _, rows in columns), default=0)
@@ -259,21 +287,29 @@ def render_batch_rows_html(step: BatchRowsStep, request_ids: Sequence[str] | Non
         if req_id is None:
             style = f"background:{FREE_COLOR};color:#999" if row < len(rows) else "color:#ccc"
             return f"<td style='{style};padding:2px 8px;text-align:center'>{'hole' if row < len(rows) else ''}</td>"
-        return (f"<td style='background:{colors.get(req_id, '#999')};color:white;padding:2px 8px;"
-                f"text-align:center'>{html.escape(req_id)}</td>")
+        return (
+            f"<td style='background:{colors.get(req_id, '#999')};color:white;padding:2px 8px;"
+            f"text-align:center'>{html.escape(req_id)}</td>"
+        )
 
     header = "".join(f"<th style='padding:2px 8px'>{html.escape(label)}</th>" for label, _ in columns)
-    body = "".join(f"<tr><th>row {row}</th>{''.join(cell(rows, row) for _, rows in columns)}</tr>"
-                   for row in range(height))
+    body = "".join(
+        f"<tr><th>row {row}</th>{''.join(cell(rows, row) for _, rows in columns)}</tr>"
+        for row in range(height)
+    )
     if not step.changed:
         summary = "update_state(None): the batch did not change"
     else:
-        summary = (f"BatchUpdate: removed={step.removed} added={step.added} "
-                   f"moved={[(a, b, d) for a, b, d in step.moved]}")
+        summary = (
+            f"BatchUpdate: removed={step.removed} added={step.added} "
+            f"moved={[(a, b, d) for a, b, d in step.moved]}"
+        )
     events = "".join(f"<li>{html.escape(e.describe())}</li>" for e in step.events)
-    return (f"<div style='font-family:monospace;font-size:12px'><div><b>step {step.step}</b> {html.escape(summary)}"
-            f"</div><table style='border-collapse:collapse'><tr><th></th>{header}</tr>{body}</table>"
-            f"<ul>{events}</ul></div>")
+    return (
+        f"<div style='font-family:monospace;font-size:12px'><div><b>step {step.step}</b> {html.escape(summary)}"
+        f"</div><table style='border-collapse:collapse'><tr><th></th>{header}</tr>{body}</table>"
+        f"<ul>{events}</ul></div>"
+    )
 
 
 def plot_batch_rows(recording: BatchRowsRecording, ax: Any = None) -> Any:
@@ -304,8 +340,12 @@ def plot_batch_rows(recording: BatchRowsRecording, ax: Any = None) -> Any:
     ax.set_xticks([x + 0.46 for x in range(len(steps))], [str(s.step) for s in steps], fontsize=7)
     ax.set_yticks([-r + 0.44 for r in range(height)], [f"row {r}" for r in range(height)], fontsize=7)
     ax.set_xlabel("engine step", fontsize=8)
-    ax.set_title("persistent batch rows after each BatchUpdate (+ added/replaced, \u2190k moved from row k, "
-                 "\u21c4 swapped, \u00d7 row removed)", fontsize=8, loc="left")
+    ax.set_title(
+        "persistent batch rows after each BatchUpdate (+ added/replaced, \u2190k moved from row k, "
+        "\u21c4 swapped, \u00d7 row removed)",
+        fontsize=8,
+        loc="left",
+    )
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
     return ax

@@ -1,6 +1,6 @@
-"""The block-table view: the KV pool as a grid of blocks, each request's block table, the free queue.
+"""Mirrors no single vllm/v1 file: the block-table view (KV pool grid, block tables, free queue).
 
-Mirrors no single vllm/v1 file; it draws the state of vllm/v1/core/block_pool.py (blocks, ref
+It draws the state of vllm/v1/core/block_pool.py (blocks, ref
 counts, the free-block queue, the null block 0) and vllm/v1/core/kv_cache_manager.py (block tables).
 
 Three layers, so each can be used (and tested) alone:
@@ -62,10 +62,16 @@ def block_table_view(snapshot: KVSnapshot, request_ids: Sequence[str] | None = N
             state, color = "used", colors.get(holders[0], SHARED_COLOR) if holders else SHARED_COLOR
         cells.append(BlockCell(block_id, ref_cnt, holders, state, free_position.get(block_id), color))
     return BlockTableView(
-        step=snapshot.step, block_size=snapshot.block_size, cells=cells,
-        block_tables=dict(snapshot.block_tables), num_computed_tokens=dict(snapshot.num_computed_tokens),
-        free_queue=list(snapshot.free_queue), running=list(snapshot.running), waiting=list(snapshot.waiting),
-        events=list(snapshot.events), colors=colors,
+        step=snapshot.step,
+        block_size=snapshot.block_size,
+        cells=cells,
+        block_tables=dict(snapshot.block_tables),
+        num_computed_tokens=dict(snapshot.num_computed_tokens),
+        free_queue=list(snapshot.free_queue),
+        running=list(snapshot.running),
+        waiting=list(snapshot.waiting),
+        events=list(snapshot.events),
+        colors=colors,
     )
 
 
@@ -75,19 +81,22 @@ def _cell_html(cell: BlockCell) -> str:
     title += f", owners={cell.owners}" if cell.owners else ""
     title += f", free-queue position {cell.free_position}" if cell.free_position is not None else ""
     label = "null" if cell.state == "null" else f"rc={cell.ref_cnt}"
-    return (f'<div title="{html.escape(title)}" style="width:46px;height:38px;background:{cell.color};'
-            f'color:{text_color};border:1px solid #999;font:11px monospace;text-align:center;'
-            f'display:inline-block;margin:1px;line-height:17px"><b>{cell.block_id}</b><br>{label}</div>')
+    return (
+        f'<div title="{html.escape(title)}" style="width:46px;height:38px;background:{cell.color};'
+        f"color:{text_color};border:1px solid #999;font:11px monospace;text-align:center;"
+        f'display:inline-block;margin:1px;line-height:17px"><b>{cell.block_id}</b><br>{label}</div>'
+    )
 
 
 def render_block_table_html(view: BlockTableView, columns: int = 16) -> str:
     rows = []
     for start in range(0, len(view.cells), columns):
-        rows.append("<div>" + "".join(_cell_html(c) for c in view.cells[start:start + columns]) + "</div>")
+        rows.append("<div>" + "".join(_cell_html(c) for c in view.cells[start : start + columns]) + "</div>")
     tables = "".join(
         f'<tr><td style="color:{view.colors.get(req_id, SHARED_COLOR)}"><b>{html.escape(req_id)}</b></td>'
         f"<td>{view.num_computed_tokens.get(req_id, 0)}</td><td>{ids}</td></tr>"
-        for req_id, ids in view.block_tables.items())
+        for req_id, ids in view.block_tables.items()
+    )
     events = "".join(f"<li>{html.escape(event)}</li>" for event in view.events) or "<li>(none)</li>"
     return (
         f"<div style='font-family:sans-serif'><b>step {view.step}</b> (block_size={view.block_size}); "
@@ -111,14 +120,18 @@ def plot_block_table(view: BlockTableView, ax: Any = None, columns: int = 16) ->
         ax.add_patch(Rectangle((x, y), 0.95, 0.9, facecolor=cell.color, edgecolor="#999"))
         dark = cell.state in ("null", "used", "shared")
         label = f"{cell.block_id}\n" + ("null" if cell.state == "null" else f"rc{cell.ref_cnt}")
-        ax.text(x + 0.47, y + 0.45, label, ha="center", va="center", fontsize=7,
-                color="white" if dark else "#333")
+        ax.text(
+            x + 0.47, y + 0.45, label, ha="center", va="center", fontsize=7, color="white" if dark else "#333"
+        )
     ax.set_xlim(-0.1, columns + 0.1)
     ax.set_ylim(-num_rows + 0.8, 1.1)
     ax.set_axis_off()
     tables = "; ".join(f"{req_id}: {ids}" for req_id, ids in view.block_tables.items()) or "(none)"
-    ax.set_title(f"step {view.step}   block tables: {tables}\nfree queue head->tail: {view.free_queue}",
-                 fontsize=8, loc="left")
+    ax.set_title(
+        f"step {view.step}   block tables: {tables}\nfree queue head->tail: {view.free_queue}",
+        fontsize=8,
+        loc="left",
+    )
     return ax
 
 

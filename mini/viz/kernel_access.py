@@ -223,7 +223,10 @@ def record_paged_decode(
     strides = kv_cache.stride()
     loads: dict[tuple[int, int], list[list[tuple[int, int, int, int]]]] = {}  # program -> key loads, value loads
 
+    lanes: list[int] = []  # positions per key/value load, masked lanes included: the kernel's tile size
+
     def on_load(grid_idx, addresses, mask) -> None:
+        num_lanes = addresses.shape[0] if addresses.ndim == 2 else 1
         addresses, mask = addresses.reshape(-1), mask.reshape(-1)
         inside = mask & (addresses >= base) & (addresses < end)
         if not inside.any():
@@ -237,6 +240,7 @@ def record_paged_decode(
             head, dim = divmod(element, strides[3])
             if dim == 0:  # one entry per (slot, head): the first lane of the head_size vector
                 reads.append((side, block, offset, head))
+        lanes.append(num_lanes)
         per_side = loads.setdefault((grid_idx[0], grid_idx[1]), [[], []])
         per_side[reads[0][0]].append(reads)
 
@@ -244,7 +248,6 @@ def record_paged_decode(
         output = decode(query, kv_cache, metadata, scale)
     starts = [int(s) for s in metadata.query_start_loc.tolist()]
     programs = _empty_programs(info, starts)
-    tile_n = 0
     for program in programs:
         key_loads, value_loads = loads.get((program.request, program.kv_head), [[], []])
         if [[r[1:] for r in load] for load in key_loads] != [[r[1:] for r in load] for load in value_loads]:
@@ -257,8 +260,7 @@ def record_paged_decode(
             offsets = [offset for _, _, offset, _ in reads]
             positions = [table.index(b) * info["block_size"] + o for b, o in zip(block_ids, offsets)]
             program.tiles.append(TileAccess(tile, positions, block_ids, offsets))
-            tile_n = max(tile_n, len(positions))
-    return output, KernelAccess("interpreter", tile_n=tile_n, programs=programs, **info)
+    return output, KernelAccess("interpreter", tile_n=max(lanes, default=0), programs=programs, **info)
 
 
 # ---------------------------------------------------------------- drawing
@@ -323,7 +325,8 @@ def plot_kernel_access(access: KernelAccess, ax: Any = None) -> Any:
             shade = 1.0 - 0.55 * tile.tile / max(1, max_tiles - 1) if max_tiles > 1 else 1.0
             for lane, (block, offset) in enumerate(zip(tile.block_ids, tile.offsets)):
                 slot = block * access.block_size + offset
-                ax.add_patch(plt.Rectangle((slot, row), 1, 0.85, color=(*base[:3], shade)))
+                ax.add_patch(plt.Rectangle((slot, row), 1, 0.85, facecolor=(*base[:3], shade), edgecolor="white",
+                                            linewidth=0.5))
                 if lane == 0 or offset == 0:  # label where a tile starts and where it enters a new block
                     ax.text(slot + 0.5, row + 0.42, str(tile.tile), ha="center", va="center", fontsize=6,
                             color="white")
@@ -335,7 +338,7 @@ def plot_kernel_access(access: KernelAccess, ax: Any = None) -> Any:
     ax.set_yticklabels([f"r{p.request} kv{p.kv_head} (q{p.query_heads[0]}-{p.query_heads[-1]})"
                         for p in access.programs], fontsize=7)
     ax.set_xticks([b * access.block_size + access.block_size / 2 for b in range(access.num_blocks)])
-    ax.set_xticklabels([str(b) for b in range(access.num_blocks)], fontsize=7)
+    ax.set_xticklabels(["null"] + [str(b) for b in range(1, access.num_blocks)], fontsize=7)
     ax.set_xlabel("KV cache: physical block (each column is one slot); number = tile that read it")
     ax.set_title(f"paged decode: which program reads which slots ({access.source}, tile={access.tile_n}, "
                  f"block_size={access.block_size})", fontsize=9, loc="left")

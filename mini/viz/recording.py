@@ -1,6 +1,6 @@
-"""Record a real mini engine run, step by step, as plain data for the views.
+"""Mirrors no single vllm/v1 file: it records a real mini engine run, step by step, as plain data.
 
-Mirrors no single vllm/v1 file: it reads the state that vllm/v1/core/block_pool.py (ref counts,
+It reads the state that vllm/v1/core/block_pool.py (ref counts,
 free-block queue), vllm/v1/core/kv_cache_manager.py (block tables) and vllm/v1/core/sched/scheduler.py
 (running/waiting, preemptions) keep, after every `LLMEngine.step()`.
 
@@ -82,8 +82,17 @@ def batch_from_runner(engine: Any, scheduled_req_ids: Sequence[str]) -> BatchInp
         req_ids = list(scheduled_req_ids)
     return BatchInputs(
         req_ids=req_ids[: len(_tensor_list(inputs["seq_lens"]))],
-        **{name: _tensor_list(inputs[name]) for name in
-           ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_table")},
+        **{
+            name: _tensor_list(inputs[name])
+            for name in (
+                "input_ids",
+                "positions",
+                "slot_mapping",
+                "query_start_loc",
+                "seq_lens",
+                "block_table",
+            )
+        },
     )
 
 
@@ -125,8 +134,13 @@ def describe_changes(before: KVSnapshot, after: KVSnapshot) -> list[str]:
     return events
 
 
-def record_run(llm: Any, prompts: Sequence[Any], params: Any, max_steps: int = 1000,
-               on_step: Callable[[Any, KVSnapshot], None] | None = None) -> EngineRecording:
+def record_run(
+    llm: Any,
+    prompts: Sequence[Any],
+    params: Any,
+    max_steps: int = 1000,
+    on_step: Callable[[Any, KVSnapshot], None] | None = None,
+) -> EngineRecording:
     """Add `prompts` as requests r0, r1, ... and step the engine to the end, snapshotting each step.
 
     `on_step(engine, snapshot)` is called right after each snapshot (tests compare it with the engine).
@@ -138,6 +152,7 @@ def record_run(llm: Any, prompts: Sequence[Any], params: Any, max_steps: int = 1
         engine.add_request(req_id, prompt, params)
     captured: list[Any] = []
     original_schedule = scheduler.schedule
+    had_own_schedule = "schedule" in vars(scheduler)
 
     def schedule_and_capture() -> Any:
         output = original_schedule()
@@ -157,13 +172,17 @@ def record_run(llm: Any, prompts: Sequence[Any], params: Any, max_steps: int = 1
             outputs = engine.step()
             snapshot = snapshot_engine(engine, step, captured[-1] if captured else None)
             snapshot.finished = [out.request_id for out in outputs if out.finished]
-            output_token_ids.update({out.request_id: list(out.outputs[0].token_ids) for out in outputs
-                                     if out.finished})
+            output_token_ids.update(
+                {out.request_id: list(out.outputs[0].token_ids) for out in outputs if out.finished}
+            )
             snapshot.events = describe_changes(snapshots[-1], snapshot)
             snapshot.events += [f"finish {req_id}" for req_id in snapshot.finished]
             snapshots.append(snapshot)
             if on_step is not None:
                 on_step(engine, snapshot)
     finally:
-        del scheduler.schedule  # drop the instance attribute: the class method is back
+        if had_own_schedule:
+            scheduler.schedule = original_schedule
+        else:
+            del scheduler.schedule  # drop the instance attribute: the class method is back
     return EngineRecording(snapshots=snapshots, request_ids=request_ids, output_token_ids=output_token_ids)

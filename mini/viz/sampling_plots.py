@@ -87,26 +87,31 @@ def sampling_pipeline_stages(
 
     row = torch.as_tensor(logits, dtype=torch.float32).reshape(1, -1).clone()
     vocab_size = row.shape[1]
-    stages = [_stage("raw", "softmax of the model's logits", row)]
+    stages = [_stage("raw", "the model's logits", row)]
 
     processors = build_logitsprocs(None, vocab_size)
     outputs = list(output_token_ids)
-    processors.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, params, list(prompt_token_ids),
-                                                                           outputs)], moved=[]))
+    processors.update_state(
+        BatchUpdate(batch_size=1, removed=[], added=[(0, params, list(prompt_token_ids), outputs)], moved=[])
+    )
     for processor in processors.non_argmax_invariant:
         row = processor.apply(row)
     bias = getattr(params, "logit_bias", None) or {}
     min_tokens = int(getattr(params, "min_tokens", 0) or 0)
-    stages.append(_stage(STAGE_NAMES[1], f"logit_bias on {len(bias)} token(s), min_tokens={min_tokens}", row))
+    stages.append(_stage(STAGE_NAMES[1], f"bias on {len(bias)} token(s), min_tokens={min_tokens}", row))
 
     repetition = float(params.repetition_penalty)
     presence, frequency = float(params.presence_penalty), float(params.frequency_penalty)
     if repetition != 1.0 or presence != 0.0 or frequency != 0.0:
         row = penalties_ops.apply_all_penalties(
-            row, _history_tensor(prompt_token_ids, vocab_size), _history_tensor(outputs, vocab_size),
-            torch.tensor([presence]), torch.tensor([frequency]), torch.tensor([repetition]))
-    stages.append(_stage(STAGE_NAMES[2], f"repetition={repetition:g}, presence={presence:g}, "
-                                         f"frequency={frequency:g}", row))
+            row,
+            _history_tensor(prompt_token_ids, vocab_size),
+            _history_tensor(outputs, vocab_size),
+            torch.tensor([presence]),
+            torch.tensor([frequency]),
+            torch.tensor([repetition]),
+        )
+    stages.append(_stage(STAGE_NAMES[2], f"rep={repetition:g} pres={presence:g} freq={frequency:g}", row))
 
     temperature = float(params.temperature)
     if temperature < SAMPLING_EPS:
@@ -125,8 +130,13 @@ def sampling_pipeline_stages(
     k = torch.tensor([top_k]) if 0 < top_k < vocab_size else None
     p = torch.tensor([top_p]) if top_p < 1.0 else None
     row = topk_topp_ops.apply_top_k_top_p(row, k, p)
-    stages.append(_stage(STAGE_NAMES[5], f"k={top_k if k is not None else 'off'}, "
-                                         f"p={top_p if p is not None else 'off'}", row))
+    stages.append(
+        _stage(
+            STAGE_NAMES[5],
+            f"k={top_k if k is not None else 'off'}, p={top_p if p is not None else 'off'}",
+            row,
+        )
+    )
     return stages
 
 
@@ -145,9 +155,12 @@ def sampled_frequencies(
     row = torch.as_tensor(logits, dtype=torch.float32).reshape(1, -1)
     vocab_size = row.shape[1]
     metadata = SamplingMetadata.build(
-        params=[params] * num_draws, prompt_token_ids=[list(prompt_token_ids)] * num_draws,
-        output_token_ids=[list(output_token_ids) for _ in range(num_draws)], generators={},
-        vocab_size=vocab_size)
+        params=[params] * num_draws,
+        prompt_token_ids=[list(prompt_token_ids)] * num_draws,
+        output_token_ids=[list(output_token_ids) for _ in range(num_draws)],
+        generators={},
+        vocab_size=vocab_size,
+    )
     torch.manual_seed(seed)
     tokens = Sampler()(row.repeat(num_draws, 1), metadata).sampled_token_ids
     counts = torch.bincount(tokens, minlength=vocab_size).tolist()
@@ -158,8 +171,12 @@ def _labels(tokens: Sequence[int], token_label: Callable[[int], str] | None) -> 
     return [repr(token_label(t))[1:-1] if token_label else str(t) for t in tokens]
 
 
-def plot_sampling_pipeline(stages: Sequence[PipelineStage], top: int = 12,
-                           token_label: Callable[[int], str] | None = None, axes: Any = None) -> Any:
+def plot_sampling_pipeline(
+    stages: Sequence[PipelineStage],
+    top: int = 12,
+    token_label: Callable[[int], str] | None = None,
+    axes: Any = None,
+) -> Any:
     """One bar chart per stage over the raw distribution's `top` tokens (same x order in every panel).
 
     Masked tokens are drawn as a grey x; the title gives the stage, its parameters and how many tokens of
@@ -170,7 +187,7 @@ def plot_sampling_pipeline(stages: Sequence[PipelineStage], top: int = 12,
     tokens = stages[0].top(top)
     labels = _labels(tokens, token_label)
     if axes is None:
-        _, axes = plt.subplots(1, len(stages), figsize=(2.6 * len(stages), 2.8), sharey=True)
+        _, axes = plt.subplots(1, len(stages), figsize=(2.9 * len(stages), 2.8), sharey=True)
     axes = list(axes) if hasattr(axes, "__iter__") else [axes]
     for ax, stage in zip(axes, stages):
         heights = [stage.probs[t] for t in tokens]
@@ -185,8 +202,13 @@ def plot_sampling_pipeline(stages: Sequence[PipelineStage], top: int = 12,
     return axes
 
 
-def plot_frequencies(stage: PipelineStage, sampled: SampledFrequencies, top: int = 12,
-                     token_label: Callable[[int], str] | None = None, ax: Any = None) -> Any:
+def plot_frequencies(
+    stage: PipelineStage,
+    sampled: SampledFrequencies,
+    top: int = 12,
+    token_label: Callable[[int], str] | None = None,
+    ax: Any = None,
+) -> Any:
     """The last stage's probabilities (bars) against the sampler's empirical frequencies (dots)."""
     import matplotlib.pyplot as plt
 
@@ -195,8 +217,13 @@ def plot_frequencies(stage: PipelineStage, sampled: SampledFrequencies, top: int
         _, ax = plt.subplots(figsize=(0.5 * len(tokens) + 2, 2.8))
     frequencies = sampled.frequencies()
     ax.bar(range(len(tokens)), [stage.probs[t] for t in tokens], color="#4e79a7", label="target probability")
-    ax.plot(range(len(tokens)), [frequencies[t] for t in tokens], "o", color="#e15759",
-            label=f"sampled frequency ({sampled.num_draws} draws)")
+    ax.plot(
+        range(len(tokens)),
+        [frequencies[t] for t in tokens],
+        "o",
+        color="#e15759",
+        label=f"sampled frequency ({sampled.num_draws} draws)",
+    )
     ax.set_xticks(range(len(tokens)), _labels(tokens, token_label), rotation=90, fontsize=7)
     ax.legend(fontsize=7)
     ax.set_title(f"after {stage.name}: target vs sampled", fontsize=8)

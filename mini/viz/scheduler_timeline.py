@@ -60,7 +60,7 @@ class SchedulerTimeline:
         return len(self.steps)
 
     def cell(self, req_id: str, step_index: int) -> str:
-        """"prefill" / "chunk" / "decode" if the request ran in steps[step_index], "preempted",
+        """ "prefill" / "chunk" / "decode" if the request ran in steps[step_index], "preempted",
         "waiting" (known to the engine, not scheduled), "done" or "" (not submitted yet / never seen)."""
         step = self.steps[step_index]
         if req_id in step.num_scheduled_tokens:
@@ -69,7 +69,7 @@ class SchedulerTimeline:
             return "preempted"
         if req_id in step.waiting or req_id in step.running:
             return "waiting"
-        if any(req_id in s.finished for s in self.steps[:step_index + 1]):
+        if any(req_id in s.finished for s in self.steps[: step_index + 1]):
             return "done"
         return ""
 
@@ -83,8 +83,10 @@ class SchedulerTimeline:
 
     def wasted_slots(self) -> list[int]:
         """Per step: idle batch slots while a request was waiting for one (in the engine or the driver)."""
-        return [min(idle, len(step.waiting) + len(step.not_submitted))
-                for idle, step in zip(self.idle_slots(), self.steps)]
+        return [
+            min(idle, len(step.waiting) + len(step.not_submitted))
+            for idle, step in zip(self.idle_slots(), self.steps)
+        ]
 
     def finish_step(self) -> dict[str, int]:
         """Request id -> the step whose outputs finished it."""
@@ -92,14 +94,24 @@ class SchedulerTimeline:
 
 
 def _kind(num_computed_before: int, num_scheduled: int, num_tokens: int, num_prompt_tokens: int) -> str:
-    if num_scheduled == 1 and num_computed_before == num_tokens - 1 and num_computed_before >= num_prompt_tokens:
+    if (
+        num_scheduled == 1
+        and num_computed_before == num_tokens - 1
+        and num_computed_before >= num_prompt_tokens
+    ):
         return "decode"
     return "prefill" if num_computed_before + num_scheduled >= num_tokens else "chunk"
 
 
-def record_timeline(llm: Any, prompts: Sequence[Any], params: Any, static_batch_size: int | None = None,
-                    label: str | None = None, max_steps: int = 500,
-                    on_step: Callable[[Any, TimelineStep], None] | None = None) -> SchedulerTimeline:
+def record_timeline(
+    llm: Any,
+    prompts: Sequence[Any],
+    params: Any,
+    static_batch_size: int | None = None,
+    label: str | None = None,
+    max_steps: int = 500,
+    on_step: Callable[[Any, TimelineStep], None] | None = None,
+) -> SchedulerTimeline:
     """Add `prompts` as requests r0, r1, ... and step the engine to the end, recording every schedule().
 
     `params` is one SamplingParams or one per prompt. Continuous batching (default): every request is
@@ -114,10 +126,17 @@ def record_timeline(llm: Any, prompts: Sequence[Any], params: Any, static_batch_
     pending = list(zip(request_ids, prompts, params_list))
     batch_size = len(pending) if static_batch_size is None else static_batch_size
     timeline = SchedulerTimeline(
-        label=label or ("continuous batching" if static_batch_size is None
-                        else f"static batching (batches of {static_batch_size})"),
-        request_ids=request_ids, token_budget=scheduler.max_num_scheduled_tokens,
-        max_num_seqs=scheduler.max_num_running_reqs, num_gpu_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks)
+        label=label
+        or (
+            "continuous batching"
+            if static_batch_size is None
+            else f"static batching (batches of {static_batch_size})"
+        ),
+        request_ids=request_ids,
+        token_budget=scheduler.max_num_scheduled_tokens,
+        max_num_seqs=scheduler.max_num_running_reqs,
+        num_gpu_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
+    )
     captured: list[tuple[Any, dict[str, tuple[int, int, int]]]] = []
     original_schedule = scheduler.schedule
 
@@ -126,8 +145,11 @@ def record_timeline(llm: Any, prompts: Sequence[Any], params: Any, static_batch_
         info = {}
         for req_id, num_scheduled in output.num_scheduled_tokens.items():
             request = scheduler.requests[req_id]  # num_computed_tokens is already advanced by schedule()
-            info[req_id] = (request.num_computed_tokens - num_scheduled, request.num_tokens,
-                            request.num_prompt_tokens)
+            info[req_id] = (
+                request.num_computed_tokens - num_scheduled,
+                request.num_tokens,
+                request.num_prompt_tokens,
+            )
         captured.append((output, info))
         return output
 
@@ -148,8 +170,10 @@ def record_timeline(llm: Any, prompts: Sequence[Any], params: Any, static_batch_
             step = TimelineStep(
                 step=step_index,
                 num_scheduled_tokens=dict(output.num_scheduled_tokens),
-                kinds={req_id: _kind(info[req_id][0], n, info[req_id][1], info[req_id][2])
-                       for req_id, n in output.num_scheduled_tokens.items()},
+                kinds={
+                    req_id: _kind(info[req_id][0], n, info[req_id][1], info[req_id][2])
+                    for req_id, n in output.num_scheduled_tokens.items()
+                },
                 num_computed_before={req_id: values[0] for req_id, values in info.items()},
                 preempted=sorted(output.preempted_req_ids),
                 finished=[out.request_id for out in outputs if out.finished],
@@ -177,42 +201,63 @@ def _cell_style(kind: str) -> tuple[str, str]:
     return "#fff", "#ccc"
 
 
+def _budget_color(step: TimelineStep, timeline: SchedulerTimeline) -> str:
+    return "#c00" if step.tokens_used == timeline.token_budget else "#333"
+
+
 def render_timeline_html(timeline: SchedulerTimeline, step: int | None = None) -> str:
     """The Gantt chart as an HTML table; `step` (0-based) highlights one column and describes it."""
     colors = request_colors(timeline.request_ids)
     header = "".join(
         f"<th style='font-weight:{'bold' if i == step else 'normal'};padding:0 2px'>{s.step}</th>"
-        for i, s in enumerate(timeline.steps))
+        for i, s in enumerate(timeline.steps)
+    )
     rows = []
     for req_id in timeline.request_ids:
         cells = []
         for i, s in enumerate(timeline.steps):
             kind = timeline.cell(req_id, i)
             background, color = _cell_style(kind)
-            text = str(s.num_scheduled_tokens[req_id]) if req_id in s.num_scheduled_tokens else (
-                "P" if kind == "preempted" else "")
+            text = (
+                str(s.num_scheduled_tokens[req_id])
+                if req_id in s.num_scheduled_tokens
+                else ("P" if kind == "preempted" else "")
+            )
             if req_id in s.finished:
                 text += "&#10003;"
             border = "2px solid #000" if i == step else "1px solid #ddd"
-            cells.append(f"<td title='{req_id} step {s.step}: {kind}' style='background:{background};color:{color};"
-                         f"border:{border};width:22px;text-align:center;font:10px monospace'>{text}</td>")
-        rows.append(f"<tr><td style='color:{colors[req_id]}'><b>{html.escape(req_id)}</b></td>{''.join(cells)}</tr>")
+            cells.append(
+                f"<td title='{req_id} step {s.step}: {kind}' style='background:{background};color:{color};"
+                f"border:{border};width:22px;text-align:center;font:10px monospace'>{text}</td>"
+            )
+        rows.append(
+            f"<tr><td style='color:{colors[req_id]}'><b>{html.escape(req_id)}</b></td>{''.join(cells)}</tr>"
+        )
     used = "".join(
-        f"<td style='text-align:center;font:10px monospace;color:{'#c00' if s.tokens_used == timeline.token_budget else '#333'}'>"
-        f"{s.tokens_used}</td>" for s in timeline.steps)
+        f"<td style='text-align:center;font:10px monospace;color:{_budget_color(s, timeline)}'>"
+        f"{s.tokens_used}</td>"
+        for s in timeline.steps
+    )
     rows.append(f"<tr><td><i>tokens</i></td>{used}</tr>")
-    legend = " ".join(f"<span style='background:{c};color:#fff;padding:0 4px'>{k}</span>"
-                      for k, c in [*KIND_COLORS.items(), ("preempted", PREEMPT_COLOR)])
+    legend = " ".join(
+        f"<span style='background:{c};color:#fff;padding:0 4px'>{k}</span>"
+        for k, c in [*KIND_COLORS.items(), ("preempted", PREEMPT_COLOR)]
+    )
     detail = ""
     if step is not None and 0 <= step < len(timeline.steps):
         s = timeline.steps[step]
-        detail = (f"<div><b>step {s.step}</b>: scheduled {s.num_scheduled_tokens} ({s.tokens_used}/"
-                  f"{timeline.token_budget} tokens); preempted {s.preempted}; finished {s.finished}; "
-                  f"running {s.running}; waiting {s.waiting}; free blocks {s.num_free_blocks}</div>")
-    return (f"<div style='font-family:sans-serif'><b>{html.escape(timeline.label)}</b>: {len(timeline.steps)} steps, "
-            f"budget {timeline.token_budget} tokens/step, max_num_seqs {timeline.max_num_seqs}. {legend} "
-            f"(number = tokens computed, &#10003; = finished)<table style='border-collapse:collapse'>"
-            f"<tr><th>step</th>{header}</tr>{''.join(rows)}</table>{detail}</div>")
+        detail = (
+            f"<div><b>step {s.step}</b>: scheduled {s.num_scheduled_tokens} ({s.tokens_used}/"
+            f"{timeline.token_budget} tokens); preempted {s.preempted}; finished {s.finished}; "
+            f"running {s.running}; waiting {s.waiting}; free blocks {s.num_free_blocks}</div>"
+        )
+    return (
+        f"<div style='font-family:sans-serif'><b>{html.escape(timeline.label)}</b>: "
+        f"{len(timeline.steps)} steps, "
+        f"budget {timeline.token_budget} tokens/step, max_num_seqs {timeline.max_num_seqs}. {legend} "
+        f"(number = tokens computed, &#10003; = finished)<table style='border-collapse:collapse'>"
+        f"<tr><th>step</th>{header}</tr>{''.join(rows)}</table>{detail}</div>"
+    )
 
 
 def _draw_gantt(gantt: Any, timeline: SchedulerTimeline) -> None:
@@ -224,14 +269,28 @@ def _draw_gantt(gantt: Any, timeline: SchedulerTimeline) -> None:
         for i, step in enumerate(timeline.steps):
             kind = timeline.cell(req_id, i)
             if kind in KIND_COLORS or kind == "preempted":
-                gantt.add_patch(Rectangle((step.step - 0.5, y - 0.4), 0.95, 0.8,
-                                          facecolor=KIND_COLORS.get(kind, PREEMPT_COLOR), edgecolor="white"))
+                gantt.add_patch(
+                    Rectangle(
+                        (step.step - 0.5, y - 0.4),
+                        0.95,
+                        0.8,
+                        facecolor=KIND_COLORS.get(kind, PREEMPT_COLOR),
+                        edgecolor="white",
+                    )
+                )
             elif kind == "waiting":
                 gantt.add_patch(Rectangle((step.step - 0.5, y - 0.1), 0.95, 0.2, facecolor="#dddddd"))
             num_tokens = step.num_scheduled_tokens.get(req_id, 0)
             if num_tokens > 1:
-                gantt.text(step.step, y, str(num_tokens), ha="center", va="center", fontsize=7,
-                           color="white" if kind == "prefill" else "#123")
+                gantt.text(
+                    step.step,
+                    y,
+                    str(num_tokens),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if kind == "prefill" else "#123",
+                )
             if kind == "preempted":
                 gantt.text(step.step, y, "P", ha="center", va="center", fontsize=7, color="white")
             if req_id in step.finished:
@@ -240,9 +299,13 @@ def _draw_gantt(gantt: Any, timeline: SchedulerTimeline) -> None:
     gantt.set_ylim(-0.6, num_rows - 0.4)
     gantt.set_xlim(0.3, max(len(timeline.steps), 1) + 0.7)
     gantt.set_title(f"{timeline.label}: {len(timeline.steps)} steps", fontsize=9, loc="left")
-    gantt.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
-                 + [Patch(color=PREEMPT_COLOR, label="preempted"), Patch(color="#dddddd", label="waiting")],
-                 fontsize=7, loc="upper right", ncol=5)
+    gantt.legend(
+        handles=[Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
+        + [Patch(color=PREEMPT_COLOR, label="preempted"), Patch(color="#dddddd", label="waiting")],
+        fontsize=7,
+        loc="upper right",
+        ncol=5,
+    )
 
 
 def plot_scheduler_timeline(timeline: SchedulerTimeline) -> Any:
@@ -251,13 +314,22 @@ def plot_scheduler_timeline(timeline: SchedulerTimeline) -> Any:
 
     num_rows = len(timeline.request_ids)
     _, (gantt, budget) = plt.subplots(
-        2, 1, figsize=(max(6.0, 0.32 * len(timeline.steps) + 2), 0.4 * num_rows + 3),
-        gridspec_kw={"height_ratios": [max(num_rows, 1), 3]}, sharex=True)
+        2,
+        1,
+        figsize=(max(6.0, 0.32 * len(timeline.steps) + 2), 0.4 * num_rows + 3),
+        gridspec_kw={"height_ratios": [max(num_rows, 1), 3]},
+        sharex=True,
+    )
     _draw_gantt(gantt, timeline)
     steps = [s.step for s in timeline.steps]
     budget.bar(steps, [s.tokens_used for s in timeline.steps], color="#9c755f", width=0.8)
-    budget.axhline(timeline.token_budget, color="#c00", linestyle="--", linewidth=1,
-                   label=f"max_num_batched_tokens = {timeline.token_budget}")
+    budget.axhline(
+        timeline.token_budget,
+        color="#c00",
+        linestyle="--",
+        linewidth=1,
+        label=f"max_num_batched_tokens = {timeline.token_budget}",
+    )
     budget.set_ylabel("tokens / step", fontsize=8)
     budget.set_xlabel("engine step", fontsize=8)
     budget.legend(fontsize=7, loc="upper right")
@@ -270,14 +342,23 @@ def plot_batching_comparison(continuous: SchedulerTimeline, static: SchedulerTim
 
     num_rows = len(continuous.request_ids)
     num_steps = max(len(static.steps), len(continuous.steps))
-    figure, axes = plt.subplots(3, 1, figsize=(max(7.0, 0.3 * num_steps + 2), 0.45 * num_rows * 2 + 2.5),
-                                gridspec_kw={"height_ratios": [num_rows, num_rows, 3]}, sharex=True)
+    figure, axes = plt.subplots(
+        3,
+        1,
+        figsize=(max(7.0, 0.3 * num_steps + 2), 0.45 * num_rows * 2 + 2.5),
+        gridspec_kw={"height_ratios": [num_rows, num_rows, 3]},
+        sharex=True,
+    )
     for ax, timeline in zip(axes[:2], (continuous, static)):
         _draw_gantt(ax, timeline)
     for timeline in (continuous, static):
         wasted = timeline.wasted_slots()
-        axes[2].step([s.step for s in timeline.steps], wasted, where="mid",
-                     label=f"{timeline.label}: {sum(wasted)} wasted slot-steps")
+        axes[2].step(
+            [s.step for s in timeline.steps],
+            wasted,
+            where="mid",
+            label=f"{timeline.label}: {sum(wasted)} wasted slot-steps",
+        )
     axes[2].set_ylabel("wasted slots", fontsize=8)
     axes[2].set_xlabel("engine step", fontsize=8)
     axes[2].legend(fontsize=7)
