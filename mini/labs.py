@@ -49,6 +49,10 @@ LAB_TARGETS: dict[str, tuple[str, str]] = {
     "build_attention_metadata": ("mini.worker.model_runner", "build_attention_metadata"),
     "run_model": ("mini.worker.model_runner", "run_model"),
     "update_states": ("mini.worker.model_runner", "ModelRunner.update_states"),
+    # phase 05: the scheduler
+    "num_tokens_to_schedule": ("mini.core.sched.scheduler", "num_tokens_to_schedule"),
+    "select_preemption_victim": ("mini.core.sched.scheduler", "select_preemption_victim"),
+    "schedule": ("mini.core.sched.scheduler", "Scheduler.schedule"),
     # phase 06: the engine loop and I/O
     "detokenize_incrementally": ("mini.engine.detokenizer", "detokenize_incrementally"),
     "check_stop_strings": ("mini.engine.detokenizer", "check_stop_strings"),

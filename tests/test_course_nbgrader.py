@@ -1,8 +1,9 @@
-"""An nbgrader round trip in a scratch course root: generate_assignment, then autograde three
-submissions (solutions -> full marks, untouched release -> 0, one exercise filled -> its points).
+"""An nbgrader round trip per phase in a scratch course root: generate_assignment, then autograde three
+submissions (solutions -> full marks, untouched release -> 0, the first exercise filled -> exactly the
+points of its test cells).
 
-To keep it fast the course holds phase 02's LAB: its markdown, setup, answer and test cells (the demo
-and plug-in cells run the engine and are covered by test_course_notebooks.py)."""
+To keep it fast each course holds the phase's LAB only: its markdown, setup, answer and test cells (the
+demo and plug-in cells run the engine and are covered by test_course_notebooks.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,28 @@ from pathlib import Path
 import pytest
 
 from mini.course.notebook_format import read_notebook, write_normalized
-from mini.course.release import REPO_ROOT, _nbgrader_config
+from mini.course.release import REPO_ROOT, _nbgrader_config, list_assignments
 
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own, harmless
 
-ASSIGNMENT = "02_slot_mapping"
-FILLED_EXERCISE = ("answer-slot-mapping", "test-slot-mapping")
+
+def _grade_id(cell) -> str:
+    return cell.metadata.get("nbgrader", {}).get("grade_id", "")
+
+
+def _first_exercise(notebook) -> tuple[str, set[str]]:
+    """The first answer cell's id and the grade ids of the test cells that follow it (up to the next answer)."""
+    answer_id, test_ids = None, set()
+    for cell in notebook.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and not meta.get("grade"):
+            if answer_id is not None:
+                break
+            answer_id = cell.id
+        elif answer_id is not None and meta.get("grade") and not meta.get("solution"):
+            test_ids.add(_grade_id(cell))
+    assert answer_id and test_ids, "the notebook has no answer cell followed by a test cell"
+    return answer_id, test_ids
 
 
 def _is_lab_cell(cell) -> bool:
@@ -37,78 +54,79 @@ def _api(course_root: Path):
     return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
 
 
-def _submit(course_root: Path, student: str, notebook) -> None:
-    path = course_root / "submitted" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+def _submit(course_root: Path, assignment: str, student: str, notebook) -> None:
+    path = course_root / "submitted" / student / assignment / f"{assignment}.ipynb"
     path.parent.mkdir(parents=True)
     write_normalized(notebook, path)
 
 
-@pytest.fixture(scope="module")
-def graded_course(tmp_path_factory):
-    course_root = tmp_path_factory.mktemp("course")
-    source = read_notebook(REPO_ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+@pytest.fixture(scope="module", params=list_assignments())
+def graded_course(request, tmp_path_factory):
+    assignment = request.param
+    course_root = tmp_path_factory.mktemp(f"course-{assignment}")
+    source = read_notebook(REPO_ROOT / "solutions" / assignment / f"{assignment}.ipynb")
     source.cells = [c for c in source.cells if _is_lab_cell(c)]
-    write_normalized(source, course_root / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    write_normalized(source, course_root / "solutions" / assignment / f"{assignment}.ipynb")
     shutil.copy(REPO_ROOT / "nbgrader_config.py", course_root)
 
     old_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), old_path) if p)  # for the kernels
     try:
         api = _api(course_root)
-        result = api.generate_assignment(ASSIGNMENT)
+        result = api.generate_assignment(assignment)
         assert result["success"], result["log"]
-        release = read_notebook(course_root / "phases" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+        release = read_notebook(course_root / "phases" / assignment / f"{assignment}.ipynb")
 
-        one = read_notebook(course_root / "phases" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+        one = read_notebook(course_root / "phases" / assignment / f"{assignment}.ipynb")
         solved = {c.id: c.source for c in source.cells}
+        filled_answer, filled_tests = _first_exercise(source)
         for cell in one.cells:
-            if cell.id == FILLED_EXERCISE[0]:
+            if cell.id == filled_answer:
                 cell.source = solved[cell.id]
-        _submit(course_root, "solutions", source)
-        _submit(course_root, "untouched", release)
-        _submit(course_root, "one-exercise", one)
+        _submit(course_root, assignment, "solutions", source)
+        _submit(course_root, assignment, "untouched", release)
+        _submit(course_root, assignment, "one-exercise", one)
         for student in ("solutions", "untouched", "one-exercise"):
-            result = api.autograde(ASSIGNMENT, student)
+            result = api.autograde(assignment, student)
             assert result["success"], result["log"]
     finally:
         if old_path is None:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old_path
-    return course_root, source
+    return course_root, assignment, filled_tests
 
 
-def _grades(course_root: Path, student: str) -> dict[str, tuple[float, float]]:
+def _grades(graded_course, student: str) -> dict[str, tuple[float, float]]:
     from nbgrader.api import Gradebook
 
+    course_root, assignment, _ = graded_course
     with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
-        notebook = gradebook.find_submission_notebook(ASSIGNMENT, ASSIGNMENT, student)
+        notebook = gradebook.find_submission_notebook(assignment, assignment, student)
         return {grade.name: (grade.score, grade.max_score) for grade in notebook.grades}
 
 
 def test_solutions_get_full_marks(graded_course):
-    course_root, _ = graded_course
-    grades = _grades(course_root, "solutions")
+    grades = _grades(graded_course, "solutions")
     assert len(grades) >= 3
     assert all(score == max_score > 0 for score, max_score in grades.values()), grades
 
 
 def test_untouched_release_gets_zero(graded_course):
-    course_root, _ = graded_course
-    grades = _grades(course_root, "untouched")
+    grades = _grades(graded_course, "untouched")
     assert grades and all(score == 0 for score, _ in grades.values()), grades
 
 
 def test_one_exercise_gets_exactly_its_points(graded_course):
-    course_root, _ = graded_course
-    grades = _grades(course_root, "one-exercise")
+    _, _, filled_tests = graded_course
+    grades = _grades(graded_course, "one-exercise")
     earned = {name: score for name, (score, _) in grades.items() if score > 0}
-    assert earned == {FILLED_EXERCISE[1]: grades[FILLED_EXERCISE[1]][1]}, grades
+    assert earned == {name: grades[name][1] for name in filled_tests}, grades
 
 
 def test_hidden_tests_are_restored_when_grading(graded_course):
-    course_root, _ = graded_course
-    graded = read_notebook(course_root / "autograded" / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
-    released = read_notebook(course_root / "phases" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    course_root, assignment, _ = graded_course
+    graded = read_notebook(course_root / "autograded" / "solutions" / assignment / f"{assignment}.ipynb")
+    released = read_notebook(course_root / "phases" / assignment / f"{assignment}.ipynb")
     assert any("BEGIN HIDDEN TESTS" in c.source for c in graded.cells)
     assert not any("BEGIN HIDDEN TESTS" in c.source for c in released.cells)

@@ -130,6 +130,7 @@ def test_static_batching_wastes_slots(timelines):
     first_r3 = next(s.step for s in static.steps if "r3" in s.num_scheduled_tokens)
     assert first_r3 > max(static.finish_step()[r] for r in ("r0", "r1", "r2"))
     assert all(s.not_submitted == ["r3", "r4", "r5"] for s in static.steps if s.step < first_r3)
+    assert static.cell("r3", 0) == "held" and continuous.cell("r3", 0) == "waiting"
     assert sum(static.wasted_slots()) > sum(continuous.wasted_slots())
     assert len(static.steps) >= len(continuous.steps)
     assert all(0 <= w <= static.max_num_seqs for w in static.wasted_slots())

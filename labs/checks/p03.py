@@ -54,16 +54,27 @@ def _random_batch(rng: random.Random) -> dict[str, Any]:
     for total in lengths:
         block_ids.append([free.pop() for _ in range(-(-total // block_size))])
     num_kv_heads = rng.choice([1, 2, 4])
-    return {"block_size": block_size, "num_blocks": num_blocks, "block_ids": block_ids,
-            "num_computed_tokens": computed, "num_scheduled_tokens": scheduled,
-            "num_heads": num_kv_heads * rng.choice([1, 2, 4]), "num_kv_heads": num_kv_heads,
-            "head_size": rng.choice([4, 8, 16])}
+    return {
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "block_ids": block_ids,
+        "num_computed_tokens": computed,
+        "num_scheduled_tokens": scheduled,
+        "num_heads": num_kv_heads * rng.choice([1, 2, 4]),
+        "num_kv_heads": num_kv_heads,
+        "head_size": rng.choice([4, 8, 16]),
+    }
 
 
 def _batches(seeds: Iterable[int]) -> list[dict[str, Any]]:
     decode_only = {**WORKED_EXAMPLE, "num_computed_tokens": [9, 5, 2], "num_scheduled_tokens": [1, 1, 1]}
     prefill_only = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [10, 6, 3]}
-    return [WORKED_EXAMPLE, decode_only, prefill_only, *(_random_batch(random.Random(seed)) for seed in seeds)]
+    return [
+        WORKED_EXAMPLE,
+        decode_only,
+        prefill_only,
+        *(_random_batch(random.Random(seed)) for seed in seeds),
+    ]
 
 
 def _metadata(batch: dict[str, Any]) -> AttentionMetadata:
@@ -87,9 +98,15 @@ def _metadata(batch: dict[str, Any]) -> AttentionMetadata:
 def _shown(batch: dict[str, Any]) -> dict[str, Any]:
     """The readable part of a case (the tensors themselves are random numbers)."""
     meta = _metadata(batch)
-    return {"block_size": batch["block_size"], "block_table": batch["block_ids"],
-            "query_start_loc": meta.query_start_loc.tolist(), "seq_lens": meta.seq_lens.tolist(),
-            "num_heads": batch["num_heads"], "num_kv_heads": batch["num_kv_heads"], "head_size": batch["head_size"]}
+    return {
+        "block_size": batch["block_size"],
+        "block_table": batch["block_ids"],
+        "query_start_loc": meta.query_start_loc.tolist(),
+        "seq_lens": meta.seq_lens.tolist(),
+        "num_heads": batch["num_heads"],
+        "num_kv_heads": batch["num_kv_heads"],
+        "head_size": batch["head_size"],
+    }
 
 
 def _random_cache(batch: dict[str, Any], generator: torch.Generator, dtype=torch.float32) -> torch.Tensor:
@@ -125,18 +142,33 @@ def check_store_kv(store_kv: Callable, seeds: Iterable[int] = range(20)) -> None
         expected = cache.clone()
         reference.store_kv(key, value, expected, slot_mapping)
         got = cache.clone()
-        inputs = {"slot_mapping": slot_mapping.tolist(), "kv_cache.shape": list(cache.shape),
-                  "kv_cache.dtype": str(cache.dtype), "key.shape": list(key.shape), "key.dtype": str(key.dtype)}
+        inputs = {
+            "slot_mapping": slot_mapping.tolist(),
+            "kv_cache.shape": list(cache.shape),
+            "kv_cache.dtype": str(cache.dtype),
+            "key.shape": list(key.shape),
+            "key.dtype": str(key.dtype),
+        }
         with calling("store_kv", inputs):
             result = store_kv(key.clone(), value.clone(), got, slot_mapping.clone())
-        expect_equal("store_kv return value", inputs, None, result,
-                     "store_kv writes into kv_cache IN PLACE and returns None")
+        expect_equal(
+            "store_kv return value",
+            inputs,
+            None,
+            result,
+            "store_kv writes into kv_cache IN PLACE and returns None",
+        )
         for side, name in ((0, "keys (kv_cache[0])"), (1, "values (kv_cache[1])")):
             wrong = (got[side] != expected[side]).any(dim=(-1, -2)).nonzero().tolist()
-            expect_equal(f"store_kv: the cached {name}", inputs, [], wrong,
-                         "list of [block, offset] whose content is wrong: token t goes to block "
-                         "slot_mapping[t] // block_size, offset slot_mapping[t] % block_size; slots of -1 are "
-                         "skipped; every other slot keeps its old content; cast to kv_cache.dtype")
+            expect_equal(
+                f"store_kv: the cached {name}",
+                inputs,
+                [],
+                wrong,
+                "list of [block, offset] whose content is wrong: token t goes to block "
+                "slot_mapping[t] // block_size, offset slot_mapping[t] % block_size; slots of -1 are "
+                "skipped; every other slot keeps its old content; cast to kv_cache.dtype",
+            )
     passed("check_store_kv", len(cases))
 
 
@@ -152,22 +184,37 @@ def check_gather_kv(gather_kv: Callable, seeds: Iterable[int] = range(20)) -> No
         generator = torch.Generator().manual_seed(number)
         cache_side = _random_cache(batch, generator)[number % 2]
         expected = reference.gather_kv(cache_side, block_ids, seq_len)
-        inputs = {"cache_side.shape": list(cache_side.shape), "block_ids": block_ids.tolist(), "seq_len": seq_len}
+        inputs = {
+            "cache_side.shape": list(cache_side.shape),
+            "block_ids": block_ids.tolist(),
+            "seq_len": seq_len,
+        }
         with calling("gather_kv", inputs):
             got = gather_kv(cache_side.clone(), block_ids.clone(), seq_len)
         if not isinstance(got, torch.Tensor):
             raise _not_a_tensor("gather_kv", got, inputs)
-        expect_equal("gather_kv shape", inputs, list(expected.shape), list(got.shape),
-                     "[seq_len, num_kv_heads, head_size]: the request's first seq_len tokens, in order")
+        expect_equal(
+            "gather_kv shape",
+            inputs,
+            list(expected.shape),
+            list(got.shape),
+            "[seq_len, num_kv_heads, head_size]: the request's first seq_len tokens, in order",
+        )
         wrong = (got != expected).any(dim=(-1, -2)).nonzero().flatten().tolist()
-        expect_equal("gather_kv: token positions with the wrong K/V", inputs, [], wrong,
-                     "position p lives in block block_ids[p // block_size] at offset p % block_size")
+        expect_equal(
+            "gather_kv: token positions with the wrong K/V",
+            inputs,
+            [],
+            wrong,
+            "position p lives in block block_ids[p // block_size] at offset p % block_size",
+        )
     passed("check_gather_kv", len(cases))
 
 
 # ----------------------------------------------------------------------------------- paged_attention
-def sdpa_reference(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                   scale: float) -> torch.Tensor:
+def sdpa_reference(
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """The same attention with torch's SDPA on each request's K/V gathered contiguous (not paged)."""
     output = torch.zeros_like(query)
     starts = metadata.query_start_loc.tolist()
@@ -181,7 +228,8 @@ def sdpa_reference(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Attent
         query_positions = torch.arange(seq_len - (end - start), seq_len)
         allowed = torch.arange(seq_len)[None, :] <= query_positions[:, None]  # [q_len, seq_len]
         out = torch.nn.functional.scaled_dot_product_attention(
-            query[start:end].transpose(0, 1), keys, values, attn_mask=allowed, scale=scale)
+            query[start:end].transpose(0, 1), keys, values, attn_mask=allowed, scale=scale
+        )
         output[start:end] = out.transpose(0, 1)
     return output
 
@@ -192,7 +240,9 @@ def check_paged_attention(paged_attention: Callable, seeds: Iterable[int] = rang
         generator = torch.Generator().manual_seed(number)
         meta = _metadata(batch)
         kv_cache = _random_cache(batch, generator)  # unused slots hold random junk: it must not leak in
-        query = torch.randn(meta.num_actual_tokens, batch["num_heads"], batch["head_size"], generator=generator)
+        query = torch.randn(
+            meta.num_actual_tokens, batch["num_heads"], batch["head_size"], generator=generator
+        )
         scale = batch["head_size"] ** -0.5
         expected = sdpa_reference(query, kv_cache, meta, scale)
         inputs = _shown(batch)
@@ -200,14 +250,25 @@ def check_paged_attention(paged_attention: Callable, seeds: Iterable[int] = rang
             got = paged_attention(query.clone(), kv_cache.clone(), meta, scale)
         if not isinstance(got, torch.Tensor):
             raise _not_a_tensor("paged_attention", got, inputs)
-        expect_equal("paged_attention output shape", inputs, list(expected.shape), list(got.shape),
-                     "one output row per query row: [num_tokens, num_heads, head_size]")
-        expect_equal("paged_attention output dtype", inputs, expected.dtype, got.dtype,
-                     "return the query's dtype")
+        expect_equal(
+            "paged_attention output shape",
+            inputs,
+            list(expected.shape),
+            list(got.shape),
+            "one output row per query row: [num_tokens, num_heads, head_size]",
+        )
+        expect_equal(
+            "paged_attention output dtype", inputs, expected.dtype, got.dtype, "return the query's dtype"
+        )
         error = (got.float() - expected).abs().amax(dim=(-1, -2))
         wrong = (error > 1e-4).nonzero().flatten().tolist()
-        expect_equal("paged_attention: flat query rows that differ from SDPA on gathered K/V", inputs, [], wrong,
-                     "row t of request i sits at position seq_lens[i] - q_len + (t - query_start_loc[i]) and "
-                     "attends to positions 0..that position of its own request; query head h reads KV "
-                     "head h // (num_heads // num_kv_heads); softmax(q.k * scale) @ v")
+        expect_equal(
+            "paged_attention: flat query rows that differ from SDPA on gathered K/V",
+            inputs,
+            [],
+            wrong,
+            "row t of request i sits at position seq_lens[i] - q_len + (t - query_start_loc[i]) and "
+            "attends to positions 0..that position of its own request; query head h reads KV "
+            "head h // (num_heads // num_kv_heads); softmax(q.k * scale) @ v",
+        )
     passed("check_paged_attention", len(cases))

@@ -43,30 +43,45 @@ def _random_step(rng: random.Random) -> dict[str, Any]:
         computed.append(total - num_new)
         scheduled.append(num_new)
         block_ids.append([free_ids.pop() for _ in range(-(-total // block_size))])
-    return {"token_ids": token_ids, "num_computed_tokens": computed, "num_scheduled_tokens": scheduled,
-            "block_ids": block_ids, "block_size": block_size}
+    return {
+        "token_ids": token_ids,
+        "num_computed_tokens": computed,
+        "num_scheduled_tokens": scheduled,
+        "block_ids": block_ids,
+        "block_size": block_size,
+    }
 
 
 def _steps(seeds: Iterable[int]) -> list[dict[str, Any]]:
     prefill = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [5, 7, 3]}
-    decode = {**WORKED_EXAMPLE, "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
-              "num_computed_tokens": [5, 7, 3], "num_scheduled_tokens": [1, 1, 1]}
+    decode = {
+        **WORKED_EXAMPLE,
+        "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
+        "num_computed_tokens": [5, 7, 3],
+        "num_scheduled_tokens": [1, 1, 1],
+    }
     return [prefill, decode, *(_random_step(random.Random(seed)) for seed in seeds)]
 
 
 def _close(atol: float) -> Callable[[Any, Any], bool]:
     def equal(expected: torch.Tensor, got: Any) -> bool:
-        return (isinstance(got, torch.Tensor) and got.shape == expected.shape
-                and torch.allclose(got.float(), expected.float(), atol=atol, rtol=1e-4))
+        return (
+            isinstance(got, torch.Tensor)
+            and got.shape == expected.shape
+            and torch.allclose(got.float(), expected.float(), atol=atol, rtol=1e-4)
+        )
+
     return equal
 
 
-def _expect_close_rows(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str,
-                       atol: float = 1e-4) -> None:
+def _expect_close_rows(
+    what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str, atol: float = 1e-4
+) -> None:
     """Shape first, then the list of rows (first dim) that differ: short counterexamples for big tensors."""
     if not isinstance(got, torch.Tensor):
         raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
-            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}")
+            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}"
+        )
     expect_equal(f"{what}: shape", inputs, list(expected.shape), list(got.shape), hint)
     error = (got.float() - expected.float()).abs().flatten(1).amax(dim=1)
     wrong = (error > atol + 1e-4 * expected.float().abs().flatten(1).amax(dim=1)).nonzero().flatten().tolist()
@@ -76,7 +91,8 @@ def _expect_close_rows(what: str, inputs: dict, expected: torch.Tensor, got: Any
 def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str) -> None:
     if not isinstance(got, torch.Tensor):
         raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
-            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}")
+            f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}"
+        )
     expect_equal(what, inputs, expected.tolist(), got.tolist(), hint)
     expect_equal(f"{what} dtype", inputs, expected.dtype, got.dtype, "the values are right; check the dtype")
 
@@ -90,9 +106,14 @@ def check_logits_indices(compute_logits_indices: Callable, seeds: Iterable[int] 
         expected = prep.compute_logits_indices(query_start_loc)
         with calling("compute_logits_indices", inputs):
             got = compute_logits_indices(query_start_loc.clone())
-        _expect_tensor("compute_logits_indices", inputs, expected, got,
-                       "int64, one entry per request: the flat row of its LAST scheduled token, "
-                       "query_start_loc[i + 1] - 1")
+        _expect_tensor(
+            "compute_logits_indices",
+            inputs,
+            expected,
+            got,
+            "int64, one entry per request: the flat row of its LAST scheduled token, "
+            "query_start_loc[i + 1] - 1",
+        )
     passed("check_logits_indices", len(cases))
 
 
@@ -103,8 +124,11 @@ def check_rms_norm(rms_norm: Callable, seeds: Iterable[int] = range(20)) -> None
     shapes = [((6, 64), torch.float32), ((6, 4, 16), torch.float32), ((3, 32), torch.bfloat16)]
     for seed in seeds:
         rng = random.Random(seed)
-        shape = (rng.randint(1, 9), rng.choice([8, 32, 64])) if seed % 2 else (
-            rng.randint(1, 9), rng.choice([1, 2, 4]), rng.choice([8, 16]))
+        shape = (
+            (rng.randint(1, 9), rng.choice([8, 32, 64]))
+            if seed % 2
+            else (rng.randint(1, 9), rng.choice([1, 2, 4]), rng.choice([8, 16]))
+        )
         shapes.append((shape, torch.bfloat16 if seed % 5 == 4 else torch.float32))
     for number, (shape, dtype) in enumerate(shapes):
         generator = torch.Generator().manual_seed(number)
@@ -120,11 +144,22 @@ def check_rms_norm(rms_norm: Callable, seeds: Iterable[int] = range(20)) -> None
         with calling("rms_norm", inputs):
             got = rms_norm(x.clone(), weight, eps)
         tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-        expect_equal("rms_norm (vs transformers' LlamaRMSNorm)", inputs, expected, got,
-                     "over the LAST dim: x * rsqrt(mean(x**2) + eps), computed in float32, cast back to "
-                     "x's dtype, then times weight", equal=_close(tolerance))
-        expect_equal("rms_norm dtype", inputs, expected.dtype, got.dtype,
-                     "cast the normalized x back to its dtype BEFORE multiplying by weight (as transformers)")
+        expect_equal(
+            "rms_norm (vs transformers' LlamaRMSNorm)",
+            inputs,
+            expected,
+            got,
+            "over the LAST dim: x * rsqrt(mean(x**2) + eps), computed in float32, cast back to "
+            "x's dtype, then times weight",
+            equal=_close(tolerance),
+        )
+        expect_equal(
+            "rms_norm dtype",
+            inputs,
+            expected.dtype,
+            got.dtype,
+            "cast the normalized x back to its dtype BEFORE multiplying by weight (as transformers)",
+        )
     passed("check_rms_norm", len(shapes))
 
 
@@ -139,8 +174,12 @@ def check_apply_rotary(apply_rotary: Callable, seeds: Iterable[int] = range(20))
         positions = [rng.randrange(200) for _ in range(rng.randint(1, 12))]
         cases.append((positions, rng.choice([1, 2, 4]), rng.choice([4, 8, 16, 32]), rng.choice([1e4, 5e5])))
     for number, (positions, heads, head_dim, theta) in enumerate(cases):
-        config = transformers.LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads,
-                                          max_position_embeddings=256, rope_theta=theta)
+        config = transformers.LlamaConfig(
+            hidden_size=heads * head_dim,
+            num_attention_heads=heads,
+            max_position_embeddings=256,
+            rope_theta=theta,
+        )
         rotary = LlamaRotaryEmbedding(config)
         x = torch.randn(len(positions), heads, head_dim, generator=torch.Generator().manual_seed(number))
         cos, sin = rotary(x, torch.tensor([positions]))
@@ -151,31 +190,57 @@ def check_apply_rotary(apply_rotary: Callable, seeds: Iterable[int] = range(20))
         inputs = {"positions": positions, "x.shape": list(x.shape), "rope_theta": theta}
         with calling("apply_rotary", inputs):
             got = apply_rotary(x.clone(), cos.clone(), sin.clone())
-        expect_equal("apply_rotary (vs transformers' apply_rotary_pos_emb)", inputs, expected, got,
-                     "x * cos + rotate_half(x) * sin, where rotate_half(x) = cat(-x2, x1) of x's two halves; "
-                     "cos/sin are [T, head_dim]: broadcast them over the heads dim", equal=_close(1e-5))
+        expect_equal(
+            "apply_rotary (vs transformers' apply_rotary_pos_emb)",
+            inputs,
+            expected,
+            got,
+            "x * cos + rotate_half(x) * sin, where rotate_half(x) = cat(-x2, x1) of x's two halves; "
+            "cos/sin are [T, head_dim]: broadcast them over the heads dim",
+            equal=_close(1e-5),
+        )
     passed("check_apply_rotary", len(cases))
 
 
 # -------------------------------------------------------------------------- build_attention_metadata
-def check_build_attention_metadata(build_attention_metadata: Callable, seeds: Iterable[int] = range(20)) -> None:
+def check_build_attention_metadata(
+    build_attention_metadata: Callable, seeds: Iterable[int] = range(20)
+) -> None:
     cases = _steps(seeds)
     for case in cases:
-        step_inputs = prep.prepare_inputs(case["token_ids"], case["num_computed_tokens"],
-                                          case["num_scheduled_tokens"], case["block_ids"], case["block_size"])
+        step_inputs = prep.prepare_inputs(
+            case["token_ids"],
+            case["num_computed_tokens"],
+            case["num_scheduled_tokens"],
+            case["block_ids"],
+            case["block_size"],
+        )
         expected = runner.build_attention_metadata(step_inputs)
-        inputs = {"num_computed_tokens": case["num_computed_tokens"],
-                  "num_scheduled_tokens": case["num_scheduled_tokens"],
-                  "query_start_loc": step_inputs.query_start_loc.tolist(), "seq_lens": step_inputs.seq_lens.tolist()}
+        inputs = {
+            "num_computed_tokens": case["num_computed_tokens"],
+            "num_scheduled_tokens": case["num_scheduled_tokens"],
+            "query_start_loc": step_inputs.query_start_loc.tolist(),
+            "seq_lens": step_inputs.seq_lens.tolist(),
+        }
         with calling("build_attention_metadata", inputs):
             got = build_attention_metadata(step_inputs)
         for name in ("num_actual_tokens", "max_query_len", "max_seq_len"):
-            expect_equal(f"build_attention_metadata(...).{name}", inputs, getattr(expected, name),
-                         getattr(got, name, None), "num_actual_tokens = flat rows; max_query_len = the most new "
-                         "tokens of one request; max_seq_len = the longest seq_len (plain ints)")
+            expect_equal(
+                f"build_attention_metadata(...).{name}",
+                inputs,
+                getattr(expected, name),
+                getattr(got, name, None),
+                "num_actual_tokens = flat rows; max_query_len = the most new "
+                "tokens of one request; max_seq_len = the longest seq_len (plain ints)",
+            )
         for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
-            _expect_tensor(f"build_attention_metadata(...).{name}", inputs, getattr(expected, name),
-                           getattr(got, name, None), f"pass inputs.{name} through unchanged")
+            _expect_tensor(
+                f"build_attention_metadata(...).{name}",
+                inputs,
+                getattr(expected, name),
+                getattr(got, name, None),
+                f"pass inputs.{name} through unchanged",
+            )
     passed("check_build_attention_metadata", len(cases))
 
 
@@ -189,9 +254,19 @@ def tiny_models() -> tuple[Any, Any]:
     from mini.model.loader import load_weights
 
     config = transformers.LlamaConfig(
-        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.15, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.15,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     hf_model = transformers.LlamaForCausalLM(config).eval()
     model = LlamaForCausalLM(config).eval()
@@ -207,8 +282,12 @@ def _scenario(rng: random.Random | None) -> dict[str, Any]:
     num_reqs = rng.randint(1, 4)
     prompt_lens = [rng.randint(1, 14) for _ in range(num_reqs)]
     token_ids = [[rng.randrange(101) for _ in range(n + rng.randint(1, 2))] for n in prompt_lens]
-    return {"token_ids": token_ids, "prompt_lens": prompt_lens, "chunk": [rng.randint(2, 8) for _ in prompt_lens],
-            "block_size": rng.choice([1, 2, 4, 8])}
+    return {
+        "token_ids": token_ids,
+        "prompt_lens": prompt_lens,
+        "chunk": [rng.randint(2, 8) for _ in prompt_lens],
+        "block_size": rng.choice([1, 2, 4, 8]),
+    }
 
 
 def check_run_model(run_model: Callable, seeds: Iterable[int] = range(3)) -> None:
@@ -230,31 +309,54 @@ def check_run_model(run_model: Callable, seeds: Iterable[int] = range(3)) -> Non
             rows = [i for i, ids in enumerate(token_ids) if computed[i] < len(ids)]
             if not rows:
                 break
-            scheduled = [min(scenario["chunk"][i], scenario["prompt_lens"][i] - computed[i])
-                         if computed[i] < scenario["prompt_lens"][i] else 1 for i in rows]
-            step_inputs = prep.prepare_inputs([token_ids[i] for i in rows], [computed[i] for i in rows], scheduled,
-                                              [block_ids[i] for i in rows], block_size)
+            scheduled = [
+                min(scenario["chunk"][i], scenario["prompt_lens"][i] - computed[i])
+                if computed[i] < scenario["prompt_lens"][i]
+                else 1
+                for i in rows
+            ]
+            step_inputs = prep.prepare_inputs(
+                [token_ids[i] for i in rows],
+                [computed[i] for i in rows],
+                scheduled,
+                [block_ids[i] for i in rows],
+                block_size,
+            )
             metadata = runner.build_attention_metadata(step_inputs)
             with torch.no_grad():
                 expected_hidden, _ = runner.run_model(model, expected_caches, step_inputs, metadata)
-            inputs = {"step": step, "token_ids": [token_ids[i] for i in rows],
-                      "num_computed_tokens": [computed[i] for i in rows], "num_scheduled_tokens": scheduled,
-                      "block_size": block_size}
+            inputs = {
+                "step": step,
+                "token_ids": [token_ids[i] for i in rows],
+                "num_computed_tokens": [computed[i] for i in rows],
+                "num_scheduled_tokens": scheduled,
+                "block_size": block_size,
+            }
             with calling("run_model", inputs), torch.no_grad():
                 got = run_model(model, caches, step_inputs, metadata)
             if not (isinstance(got, tuple) and len(got) == 2):
-                raise AssertionError(f"run_model must return (hidden, logits), got {type(got).__name__}\n"
-                                     f"  inputs: {inputs}")
+                raise AssertionError(
+                    f"run_model must return (hidden, logits), got {type(got).__name__}\n  inputs: {inputs}"
+                )
             hidden, logits = got
-            _expect_close_rows("run_model hidden states [T, hidden_size]", inputs, expected_hidden, hidden,
-                               "model(input_ids, positions, kv_caches, metadata) over the whole flat batch; "
-                               "a wrong row at a later step means the K/V of an earlier step never reached "
-                               "kv_caches")
+            _expect_close_rows(
+                "run_model hidden states [T, hidden_size]",
+                inputs,
+                expected_hidden,
+                hidden,
+                "model(input_ids, positions, kv_caches, metadata) over the whole flat batch; "
+                "a wrong row at a later step means the K/V of an earlier step never reached "
+                "kv_caches",
+            )
             last_positions = [computed[i] + n - 1 for i, n in zip(rows, scheduled)]
             hf_rows = torch.stack([hf_logits[i][p] for i, p in zip(rows, last_positions)])
-            _expect_close_rows("run_model logits [num_reqs, vocab] (vs transformers on the full sequences)",
-                               inputs, hf_rows, logits,
-                               "one row per request: model.compute_logits(hidden[inputs.logits_indices])")
+            _expect_close_rows(
+                "run_model logits [num_reqs, vocab] (vs transformers on the full sequences)",
+                inputs,
+                hf_rows,
+                logits,
+                "one row per request: model.compute_logits(hidden[inputs.logits_indices])",
+            )
             for i, n in zip(rows, scheduled):
                 computed[i] += n
             num_steps += 1
@@ -263,8 +365,12 @@ def check_run_model(run_model: Callable, seeds: Iterable[int] = range(3)) -> Non
 
 # ------------------------------------------------------------------------------------- update_states
 UPDATE_STATES_WORKLOAD = {  # 3 prompts in a pool too small for all of them: chunked prefill, preemption
-    "prompts": [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]], "max_tokens": [6, 5, 7],
-    "block_size": 4, "num_blocks": 7, "max_num_batched_tokens": 8, "late": {},
+    "prompts": [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]],
+    "max_tokens": [6, 5, 7],
+    "block_size": 4,
+    "num_blocks": 7,
+    "max_num_batched_tokens": 8,
+    "late": {},
 }
 
 
@@ -273,9 +379,14 @@ def _random_workload(rng: random.Random) -> dict[str, Any]:
     prompts = [[rng.randrange(1, 400) for _ in range(rng.randint(2, 12))] for _ in range(num_reqs)]
     block_size = rng.choice([2, 4])
     need = max(-(-(len(p) + 8) // block_size) for p in prompts)
-    return {"prompts": prompts, "max_tokens": [rng.randint(1, 8) for _ in prompts], "block_size": block_size,
-            "num_blocks": need + 1 + rng.randint(0, 6), "max_num_batched_tokens": rng.choice([6, 8, 16, 64]),
-            "late": {f"r{i}": rng.randint(1, 4) for i in range(num_reqs) if i and rng.random() < 0.3}}
+    return {
+        "prompts": prompts,
+        "max_tokens": [rng.randint(1, 8) for _ in prompts],
+        "block_size": block_size,
+        "num_blocks": need + 1 + rng.randint(0, 6),
+        "max_num_batched_tokens": rng.choice([6, 8, 16, 64]),
+        "late": {f"r{i}": rng.randint(1, 4) for i in range(num_reqs) if i and rng.random() < 0.3},
+    }
 
 
 def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[Any, dict[str, list[int]]]]]:
@@ -292,17 +403,31 @@ def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[
     from mini.sampling_params import SamplingParams
     from mini.worker.model_runner_output import ModelRunnerOutput
 
-    config = EngineConfig(block_size=workload["block_size"], num_gpu_blocks_override=workload["num_blocks"],
-                          max_num_batched_tokens=workload["max_num_batched_tokens"], max_model_len=64,
-                          max_num_seqs=8)
+    config = EngineConfig(
+        block_size=workload["block_size"],
+        num_gpu_blocks_override=workload["num_blocks"],
+        max_num_batched_tokens=workload["max_num_batched_tokens"],
+        max_model_len=64,
+        max_num_seqs=8,
+    )
     scheduler = Scheduler(config, KVCacheManager(workload["num_blocks"], workload["block_size"]))
     pending = {f"r{i}": (p, n) for i, (p, n) in enumerate(zip(workload["prompts"], workload["max_tokens"]))}
     steps: list[tuple[Any, dict[str, list[int]]]] = []
     for step in range(200):
         for req_id in [r for r in pending if workload["late"].get(r, 0) <= step]:
             prompt, max_tokens = pending.pop(req_id)
-            scheduler.add_request(Request(req_id, list(prompt), SamplingParams(
-                temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=1 if req_id == "r1" else None)))
+            scheduler.add_request(
+                Request(
+                    req_id,
+                    list(prompt),
+                    SamplingParams(
+                        temperature=0.0,
+                        max_tokens=max_tokens,
+                        ignore_eos=True,
+                        seed=1 if req_id == "r1" else None,
+                    ),
+                )
+            )
         if not (pending or scheduler.has_unfinished_requests()):
             break
         output = scheduler.schedule()
@@ -315,9 +440,14 @@ def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[
             sampled[req_id] = [] if is_partial else [(7 * step + len(req_id) * 31 + count) % 400 + 1]
         steps.append((copy.deepcopy(output), sampled))
         req_ids = list(output.num_scheduled_tokens)
-        scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[sampled[r] for r in req_ids]))
+        scheduler.update_from_output(
+            output,
+            ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=[sampled[r] for r in req_ids],
+            ),
+        )
     return config, steps
 
 
@@ -326,9 +456,19 @@ def _small_model() -> Any:
     """A 1-layer mini Llama built from a plain config dict: the runner needs one, update_states never runs it."""
     from mini.model.llama import LlamaForCausalLM
 
-    return LlamaForCausalLM({"model_type": "llama", "vocab_size": 401, "hidden_size": 16, "intermediate_size": 32,
-                             "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-                             "rms_norm_eps": 1e-6, "rope_theta": 10000.0})
+    return LlamaForCausalLM(
+        {
+            "model_type": "llama",
+            "vocab_size": 401,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+        }
+    )
 
 
 class _RecordingLogitsprocs:
@@ -338,18 +478,30 @@ class _RecordingLogitsprocs:
         self.updates: list[Any] = []
 
     def update_state(self, batch_update: Any) -> None:
-        self.updates.append(None if batch_update is None else (
-            sorted(a[0] for a in batch_update.added), sorted(batch_update.removed),
-            [(m[0], m[1]) for m in batch_update.moved]))
+        self.updates.append(
+            None
+            if batch_update is None
+            else (
+                sorted(a[0] for a in batch_update.added),
+                sorted(batch_update.removed),
+                [(m[0], m[1]) for m in batch_update.moved],
+            )
+        )
 
 
 def _runner_state(model_runner: Any) -> dict[str, Any]:
     return {
         "rows (input_batch.req_ids)": list(model_runner.input_batch.req_ids),
-        "requests": {req_id: {"prompt_token_ids": s.prompt_token_ids, "output_token_ids": s.output_token_ids,
-                              "block_ids": s.block_ids, "num_computed_tokens": s.num_computed_tokens,
-                              "has_generator": s.generator is not None}
-                     for req_id, s in sorted(model_runner.requests.items())},
+        "requests": {
+            req_id: {
+                "prompt_token_ids": s.prompt_token_ids,
+                "output_token_ids": s.output_token_ids,
+                "block_ids": s.block_ids,
+                "num_computed_tokens": s.num_computed_tokens,
+                "has_generator": s.generator is not None,
+            }
+            for req_id, s in sorted(model_runner.requests.items())
+        },
         "BatchUpdates given to logitsprocs.update_state": list(model_runner.logitsprocs.updates),
     }
 
@@ -358,9 +510,16 @@ def _describe(scheduler_output: Any) -> dict[str, Any]:
     cached = scheduler_output.scheduled_cached_reqs
     return {
         "finished_req_ids": sorted(scheduler_output.finished_req_ids),
-        "scheduled_new_reqs": [(n.req_id, f"prompt {n.prompt_token_ids}", f"output {n.output_token_ids}",
-                                f"blocks {n.block_ids}", f"computed {n.num_computed_tokens}")
-                               for n in scheduler_output.scheduled_new_reqs],
+        "scheduled_new_reqs": [
+            (
+                n.req_id,
+                f"prompt {n.prompt_token_ids}",
+                f"output {n.output_token_ids}",
+                f"blocks {n.block_ids}",
+                f"computed {n.num_computed_tokens}",
+            )
+            for n in scheduler_output.scheduled_new_reqs
+        ],
         "scheduled_cached_reqs": list(zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)),
         "num_scheduled_tokens": dict(scheduler_output.num_scheduled_tokens),
     }
@@ -381,18 +540,26 @@ def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)
         expected_runner, got_runner = runners
         history: list[str] = []
         for step, (scheduler_output, sampled) in enumerate(steps, start=1):
-            inputs = {"step": step, "this step's SchedulerOutput": _describe(scheduler_output),
-                      "earlier steps (num_scheduled_tokens)": history[-4:]}
+            inputs = {
+                "step": step,
+                "this step's SchedulerOutput": _describe(scheduler_output),
+                "earlier steps (num_scheduled_tokens)": history[-4:],
+            }
             expected_runner.update_states(scheduler_output)
             with calling("update_states", inputs):
                 update_states(got_runner, scheduler_output)
             expected, got = _runner_state(expected_runner), _runner_state(got_runner)
             for key in expected:
-                expect_equal(f"update_states: {key}", inputs, expected[key], got[key],
-                             "finished -> drop state and row; scheduled-but-unknown-to-the-batch rows are added "
-                             "(new requests first, then cached ones), running-but-unscheduled leave the batch "
-                             "keeping their state; cached: extend block_ids, set num_computed_tokens; then "
-                             "condense() and logitsprocs.update_state(input_batch.get_batch_update())")
+                expect_equal(
+                    f"update_states: {key}",
+                    inputs,
+                    expected[key],
+                    got[key],
+                    "finished -> drop state and row; scheduled-but-unknown-to-the-batch rows are added "
+                    "(new requests first, then cached ones), running-but-unscheduled leave the batch "
+                    "keeping their state; cached: extend block_ids, set num_computed_tokens; then "
+                    "condense() and logitsprocs.update_state(input_batch.get_batch_update())",
+                )
             for model_runner in runners:  # what execute_model does after sampling: append the kept tokens
                 for state in model_runner.input_batch.occupied_requests():
                     for token in sampled.get(state.req_id, []):

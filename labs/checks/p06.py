@@ -359,7 +359,7 @@ def _run(engine: Any, step: Callable[[], Any], workload: list[dict[str, Any]], m
     return log
 
 
-def check_step(step: Callable, seeds: Iterable[int] = range(1)) -> None:
+def check_step(step: Callable, seeds: Iterable[int] = range(3)) -> None:
     """Run the same workloads through LLMEngine.step and through `step(engine)`; compare each step."""
     engine = _engine()
     workloads = [

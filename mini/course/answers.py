@@ -14,6 +14,7 @@ An answer cell that fails therefore fails only the exercises whose names it defi
 from __future__ import annotations
 
 import ast
+import linecache
 import re
 import traceback
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ def _format_error(error: BaseException, filename: str) -> str:
 
 
 def _run(source: str, namespace: dict[str, Any], filename: str) -> BaseException | None:
+    # Register the cell's source under its pseudo file name: tracebacks show the learner's lines, and
+    # compiled (GPU) Triton reads a @triton.jit function's source through inspect/linecache.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     try:
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - running the learner's own cell
     except Exception as error:  # noqa: BLE001 - any failure belongs to this cell only

@@ -65,9 +65,14 @@ class AttentionMaskView:
         return "prefill" if query_len == self.seq_lens[req] else "prefill chunk"
 
 
-def attention_mask_view(query_start_loc: Sequence[int], seq_lens: Sequence[int],
-                        block_table: Sequence[Sequence[int]], block_size: int, num_blocks: int | None = None,
-                        req_ids: Sequence[str] | None = None) -> AttentionMaskView:
+def attention_mask_view(
+    query_start_loc: Sequence[int],
+    seq_lens: Sequence[int],
+    block_table: Sequence[Sequence[int]],
+    block_size: int,
+    num_blocks: int | None = None,
+    req_ids: Sequence[str] | None = None,
+) -> AttentionMaskView:
     """The mask paged attention applies for this step's metadata (lists or tensors)."""
     query_start_loc = [int(x) for x in _as_list(query_start_loc)]
     seq_lens = [int(x) for x in _as_list(seq_lens)]
@@ -80,19 +85,28 @@ def attention_mask_view(query_start_loc: Sequence[int], seq_lens: Sequence[int],
         slots = [table[req][pos // block_size] * block_size + pos % block_size for pos in range(seq_len)]
         for row in range(start, end):
             position = seq_len - (end - start) + (row - start)
-            rows.append(QueryRow(row, req_id, position, slots[position], slots[: position + 1],
-                                 colors.get(req_id, "#999")))
+            rows.append(
+                QueryRow(
+                    row, req_id, position, slots[position], slots[: position + 1], colors.get(req_id, "#999")
+                )
+            )
     if num_blocks is None:
         num_blocks = max((b for row in table for b in row), default=0) + 1
-    return AttentionMaskView(block_size, num_blocks * block_size, names, rows, query_start_loc, seq_lens, table,
-                             colors)
+    return AttentionMaskView(
+        block_size, num_blocks * block_size, names, rows, query_start_loc, seq_lens, table, colors
+    )
 
 
-def attention_mask_from_batch(batch: BatchInputs, block_size: int, num_blocks: int | None = None,
-                              request_ids: Sequence[str] | None = None) -> AttentionMaskView:
+def attention_mask_from_batch(
+    batch: BatchInputs,
+    block_size: int,
+    num_blocks: int | None = None,
+    request_ids: Sequence[str] | None = None,
+) -> AttentionMaskView:
     """The view of one recorded engine step (`recording.snapshots[k].batch`)."""
-    view = attention_mask_view(batch.query_start_loc, batch.seq_lens, batch.block_table, block_size, num_blocks,
-                               batch.req_ids)
+    view = attention_mask_view(
+        batch.query_start_loc, batch.seq_lens, batch.block_table, block_size, num_blocks, batch.req_ids
+    )
     if request_ids is not None:  # keep each request's colour stable across steps
         view.colors = request_colors(list(request_ids))
         for row in view.rows:
@@ -115,8 +129,9 @@ def plot_attention_mask(view: AttentionMaskView, ax: Any = None) -> Any:
 
     blocks = view.blocks_in_use()
     bs = view.block_size
-    column_of = {block * bs + offset: index * bs + offset for index, block in enumerate(blocks)
-                 for offset in range(bs)}
+    column_of = {
+        block * bs + offset: index * bs + offset for index, block in enumerate(blocks) for offset in range(bs)
+    }
     width, height = len(blocks) * bs, len(view.rows)
     if ax is None:
         _, ax = plt.subplots(figsize=(0.32 * width + 2.4, 0.32 * height + 1.4))
@@ -125,16 +140,34 @@ def plot_attention_mask(view: AttentionMaskView, ax: Any = None) -> Any:
         for slot, x in column_of.items():
             own = slot == row.slot
             face = row.color if slot in read else "#eeeeee"
-            ax.add_patch(Rectangle((x, -y), 0.92, 0.92, facecolor=face, alpha=1.0 if own else (
-                0.4 if slot in read else 1.0), edgecolor="black" if own else "none", linewidth=1.2))
-        ax.text(-0.3, -y + 0.46, f"{row.req_id} pos {row.position}", ha="right", va="center", fontsize=7,
-                color=row.color)
+            ax.add_patch(
+                Rectangle(
+                    (x, -y),
+                    0.92,
+                    0.92,
+                    facecolor=face,
+                    alpha=1.0 if own else (0.4 if slot in read else 1.0),
+                    edgecolor="black" if own else "none",
+                    linewidth=1.2,
+                )
+            )
+        ax.text(
+            -0.3,
+            -y + 0.46,
+            f"{row.req_id} pos {row.position}",
+            ha="right",
+            va="center",
+            fontsize=7,
+            color=row.color,
+        )
+    for slot, x in column_of.items():  # the physical slot number under each column
+        ax.text(x + 0.46, -height + 0.75, str(slot), ha="center", va="top", fontsize=5, color="#666")
     for index, block in enumerate(blocks):
         x0 = index * bs
         ax.plot([x0 - 0.04, x0 - 0.04], [-height + 0.9, 1.0], color="#555", linewidth=0.8)
         ax.text(x0 + bs / 2, 1.25, f"block {block}", ha="center", va="bottom", fontsize=7)
     ax.set_xlim(-4.5, width + 0.3)
-    ax.set_ylim(-height + 0.6, 2.2)
+    ax.set_ylim(-height + 0.2, 2.2)
     ax.set_axis_off()
     kinds = ", ".join(f"{r}: {view.kind(r)}" for r in view.req_ids)
     ax.set_title(f"which cache slots each query token reads ({kinds})", fontsize=8, loc="left")

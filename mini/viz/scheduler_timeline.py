@@ -24,6 +24,8 @@ from mini.viz.colors import request_colors
 
 KIND_COLORS = {"prefill": "#4e79a7", "chunk": "#a0cbe8", "decode": "#59a14f"}
 PREEMPT_COLOR = "#e15759"
+WAITING_COLOR = "#dddddd"  # in the engine's waiting queue
+HELD_COLOR = "#f1ce63"  # not given to the engine yet (static batching: waiting for the batch to end)
 FINISH_COLOR = "#222222"
 
 
@@ -60,8 +62,9 @@ class SchedulerTimeline:
         return len(self.steps)
 
     def cell(self, req_id: str, step_index: int) -> str:
-        """ "prefill" / "chunk" / "decode" if the request ran in steps[step_index], "preempted",
-        "waiting" (known to the engine, not scheduled), "done" or "" (not submitted yet / never seen)."""
+        """What `req_id` was at steps[step_index]: "prefill" / "chunk" / "decode" (it ran), "preempted",
+        "waiting" (in the engine, not scheduled), "held" (not given to the engine yet: static batching),
+        "done", or "" (not seen yet)."""
         step = self.steps[step_index]
         if req_id in step.num_scheduled_tokens:
             return step.kinds[req_id]
@@ -69,6 +72,8 @@ class SchedulerTimeline:
             return "preempted"
         if req_id in step.waiting or req_id in step.running:
             return "waiting"
+        if req_id in step.not_submitted:
+            return "held"
         if any(req_id in s.finished for s in self.steps[: step_index + 1]):
             return "done"
         return ""
@@ -196,9 +201,13 @@ def _cell_style(kind: str) -> tuple[str, str]:
         return KIND_COLORS[kind], "#fff" if kind != "chunk" else "#123"
     if kind == "preempted":
         return PREEMPT_COLOR, "#fff"
-    if kind == "waiting":
-        return "#f4f4f4", "#999"
+    if kind in ("waiting", "held"):
+        return (WAITING_COLOR if kind == "waiting" else HELD_COLOR), "#999"
     return "#fff", "#ccc"
+
+
+def _legend_text_color(kind: str) -> str:
+    return "#333" if kind in ("waiting", "held") else "#fff"
 
 
 def _budget_color(step: TimelineStep, timeline: SchedulerTimeline) -> str:
@@ -240,8 +249,13 @@ def render_timeline_html(timeline: SchedulerTimeline, step: int | None = None) -
     )
     rows.append(f"<tr><td><i>tokens</i></td>{used}</tr>")
     legend = " ".join(
-        f"<span style='background:{c};color:#fff;padding:0 4px'>{k}</span>"
-        for k, c in [*KIND_COLORS.items(), ("preempted", PREEMPT_COLOR)]
+        f"<span style='background:{c};color:{_legend_text_color(k)};padding:0 4px'>{k}</span>"
+        for k, c in [
+            *KIND_COLORS.items(),
+            ("preempted", PREEMPT_COLOR),
+            ("waiting", WAITING_COLOR),
+            ("held", HELD_COLOR),
+        ]
     )
     detail = ""
     if step is not None and 0 <= step < len(timeline.steps):
@@ -249,7 +263,8 @@ def render_timeline_html(timeline: SchedulerTimeline, step: int | None = None) -
         detail = (
             f"<div><b>step {s.step}</b>: scheduled {s.num_scheduled_tokens} ({s.tokens_used}/"
             f"{timeline.token_budget} tokens); preempted {s.preempted}; finished {s.finished}; "
-            f"running {s.running}; waiting {s.waiting}; free blocks {s.num_free_blocks}</div>"
+            f"running {s.running}; waiting {s.waiting}; held by the driver {s.not_submitted}; "
+            f"free blocks {s.num_free_blocks}</div>"
         )
     return (
         f"<div style='font-family:sans-serif'><b>{html.escape(timeline.label)}</b>: "
@@ -262,6 +277,7 @@ def render_timeline_html(timeline: SchedulerTimeline, step: int | None = None) -
 
 def _draw_gantt(gantt: Any, timeline: SchedulerTimeline) -> None:
     from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import MaxNLocator
 
     num_rows = len(timeline.request_ids)
     for row, req_id in enumerate(timeline.request_ids):
@@ -278,8 +294,9 @@ def _draw_gantt(gantt: Any, timeline: SchedulerTimeline) -> None:
                         edgecolor="white",
                     )
                 )
-            elif kind == "waiting":
-                gantt.add_patch(Rectangle((step.step - 0.5, y - 0.1), 0.95, 0.2, facecolor="#dddddd"))
+            elif kind in ("waiting", "held"):
+                color = WAITING_COLOR if kind == "waiting" else HELD_COLOR
+                gantt.add_patch(Rectangle((step.step - 0.5, y - 0.1), 0.95, 0.2, facecolor=color))
             num_tokens = step.num_scheduled_tokens.get(req_id, 0)
             if num_tokens > 1:
                 gantt.text(
@@ -301,11 +318,14 @@ def _draw_gantt(gantt: Any, timeline: SchedulerTimeline) -> None:
     gantt.set_title(f"{timeline.label}: {len(timeline.steps)} steps", fontsize=9, loc="left")
     gantt.legend(
         handles=[Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
-        + [Patch(color=PREEMPT_COLOR, label="preempted"), Patch(color="#dddddd", label="waiting")],
+        + [Patch(color=PREEMPT_COLOR, label="preempted"), Patch(color=WAITING_COLOR, label="waiting")]
+        + [Patch(color=HELD_COLOR, label="held by the driver")]
+        * any(s.not_submitted for s in timeline.steps),
         fontsize=7,
         loc="upper right",
-        ncol=5,
+        ncol=6,
     )
+    gantt.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_scheduler_timeline(timeline: SchedulerTimeline) -> Any:
@@ -361,7 +381,7 @@ def plot_batching_comparison(continuous: SchedulerTimeline, static: SchedulerTim
         )
     axes[2].set_ylabel("wasted slots", fontsize=8)
     axes[2].set_xlabel("engine step", fontsize=8)
-    axes[2].legend(fontsize=7)
+    axes[2].legend(fontsize=7, loc="upper right")
     axes[2].set_xlim(0.3, num_steps + 0.7)
     figure.tight_layout()
     return axes

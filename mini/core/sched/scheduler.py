@@ -35,6 +35,33 @@ if TYPE_CHECKING:
     from mini.config import EngineConfig
 
 
+def num_tokens_to_schedule(num_tokens: int, num_computed_tokens: int, token_budget: int,
+                           long_prefill_token_threshold: int, max_model_len: int) -> int:
+    """How many of a request's uncomputed tokens it gets this step (0 if none fit).
+
+    It wants `num_tokens - num_computed_tokens`; a positive `long_prefill_token_threshold` caps that (with
+    chunked prefill), then the budget left this step, then `max_model_len` (no token is ever placed at a
+    position >= max_model_len; the scheduler passes the smaller of max_model_len and the pool's capacity).
+    """
+    num_new_tokens = num_tokens - num_computed_tokens
+    if 0 < long_prefill_token_threshold < num_new_tokens:
+        num_new_tokens = long_prefill_token_threshold
+    num_new_tokens = min(num_new_tokens, token_budget)
+    return max(0, min(num_new_tokens, max_model_len - num_computed_tokens))
+
+
+def select_preemption_victim(running: list[Request], policy: SchedulingPolicy) -> Request:
+    """The running request to preempt when the KV pool is full.
+
+    FCFS: the most recently admitted (the end of `running`). PRIORITY: the worst (priority,
+    arrival_time); on a tie the most recently admitted, so the head of `running` always makes progress
+    (no livelock between equal requests).
+    """
+    if policy is SchedulingPolicy.PRIORITY:
+        return max(reversed(running), key=lambda r: (r.priority, r.arrival_time))
+    return running[-1]
+
+
 class Scheduler:
     """Decides, every step, which requests run and how many tokens each one computes."""
 
@@ -113,18 +140,11 @@ class Scheduler:
     # ------------------------------------------------------------------ schedule
     def _cap_new_tokens(self, num_new_tokens: int, num_computed_tokens: int, token_budget: int) -> int:
         """How many of the wanted tokens a request gets: threshold, budget and length caps."""
-        if 0 < self.long_prefill_token_threshold < num_new_tokens:
-            num_new_tokens = self.long_prefill_token_threshold
-        num_new_tokens = min(num_new_tokens, token_budget)
-        # Never place a token at a position >= max_model_len (or beyond what the pool can hold).
-        return max(0, min(num_new_tokens, self.max_request_len - num_computed_tokens))
+        return num_tokens_to_schedule(num_computed_tokens + num_new_tokens, num_computed_tokens, token_budget,
+                                      self.long_prefill_token_threshold, self.max_request_len)
 
     def _pick_victim(self) -> Request:
-        if self.policy is SchedulingPolicy.PRIORITY:
-            # Worst (priority, arrival_time); on a tie the most recently admitted, so the request at
-            # the head of `running` always makes progress (no livelock between equal requests).
-            return max(reversed(self.running), key=lambda r: (r.priority, r.arrival_time))
-        return self.running[-1]
+        return select_preemption_victim(self.running, self.policy)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
