@@ -109,9 +109,22 @@ def test_eos_and_pad_are_defined_consistently(main_model, draft_model, tokenizer
 
 
 def test_greedy_fibonacci_reads_like_python(main_model, tokenizer):
+    """The body of `def fibonacci(n):` is indented and opens the way stdlib functions do.
+
+    (A 3M-parameter model trained for minutes opens with a docstring, as most stdlib functions do,
+    and then repeats itself; the next test checks that it also writes code.)
+    """
     continuation = greedy(main_model, tokenizer, "def fibonacci(n):")
-    assert re.search(r"\n[ \t]+\S", continuation), continuation  # an indented body line
-    assert any(keyword in continuation for keyword in ("return", "if ", " = ")), continuation
+    body = re.match(r"\n([ \t]+)(\S+)", continuation)
+    assert body, continuation  # the next line is indented
+    assert body.group(2).startswith(('"""', "if", "return", "for", "while", "n", "a", "result")), continuation
+
+
+def test_greedy_function_body_has_python_statements(main_model, tokenizer):
+    continuation = greedy(main_model, tokenizer, "import os\n\ndef main():")
+    statements = re.findall(r"^[ \t]+(if|return|for|while|try|with|raise)\b", continuation, re.MULTILINE)
+    assert len(statements) >= 2, continuation
+    assert re.search(r"^def \w+\(", continuation, re.MULTILINE), continuation  # a further def at top level
 
 
 def test_draft_often_agrees_with_main_model(main_model, draft_model, tokenizer):

@@ -28,7 +28,7 @@ WORKED_EXAMPLE = {
 }
 
 
-def _batch(rng: random.Random) -> dict[str, Any]:
+def random_step(rng: random.Random, max_token_id: int = 1000) -> dict[str, Any]:
     """A random step: each request has some tokens cached and schedules a few more (decode = 1)."""
     block_size = rng.choice([1, 2, 4, 8, 16])
     num_reqs = rng.randint(1, 5)
@@ -38,7 +38,7 @@ def _batch(rng: random.Random) -> dict[str, Any]:
     for _ in range(num_reqs):
         total = rng.randint(1, 40)
         num_scheduled = 1 if rng.random() < 0.4 else rng.randint(1, total)
-        token_ids.append([rng.randrange(1000) for _ in range(total)])
+        token_ids.append([rng.randrange(max_token_id) for _ in range(total)])
         computed.append(total - num_scheduled)
         scheduled.append(num_scheduled)
         num_blocks = -(-total // block_size)
@@ -52,7 +52,8 @@ def _batch(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
+def step_cases(seeds: Iterable[int], max_token_id: int = 1000) -> list[dict[str, Any]]:
+    """The worked example's prefill and decode steps, then one random step per seed."""
     prefill = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [5, 7, 3]}
     decode = {
         "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
@@ -61,7 +62,7 @@ def _cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
         "num_computed_tokens": [5, 7, 3],
         "num_scheduled_tokens": [1, 1, 1],
     }
-    return [prefill, decode, *(_batch(random.Random(seed)) for seed in seeds)]
+    return [prefill, decode, *(random_step(random.Random(seed), max_token_id) for seed in seeds)]
 
 
 def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str) -> None:
@@ -85,7 +86,7 @@ def _req_indices(num_scheduled_tokens: list[int]) -> torch.Tensor:
 
 
 def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int] = range(20)) -> None:
-    cases = _cases(seeds)
+    cases = step_cases(seeds)
     for case in cases:
         inputs = {"num_scheduled_tokens": case["num_scheduled_tokens"]}
         expected = reference.compute_query_start_loc(case["num_scheduled_tokens"])
@@ -102,7 +103,7 @@ def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int
 
 
 def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20)) -> None:
-    cases = _cases(seeds)
+    cases = step_cases(seeds)
     for case in cases:
         inputs = {key: case[key] for key in ("num_computed_tokens", "num_scheduled_tokens")}
         expected = reference.compute_positions(**inputs)
@@ -119,7 +120,7 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
 
 
 def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = range(20)) -> None:
-    cases = _cases(seeds)
+    cases = step_cases(seeds)
     for case in cases:
         block_table = reference.make_block_table(case["block_ids"])
         req_indices = _req_indices(case["num_scheduled_tokens"])
@@ -146,7 +147,7 @@ def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = ra
 
 
 def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(20)) -> None:
-    cases = _cases(seeds)
+    cases = step_cases(seeds)
     for case in cases:
         inputs = {
             key: case[key]

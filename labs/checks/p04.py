@@ -20,47 +20,14 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.checks.p02 import WORKED_EXAMPLE, step_cases
 from mini.worker import model_runner as runner
 from mini.worker import prepare_inputs as prep
 
-WORKED_EXAMPLE = {  # phase 02's prompts, block_size 4; step 1 prefills, step 2 decodes
-    "token_ids": [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]],
-    "block_ids": [[1, 2], [3, 4], [5]],
-    "block_size": 4,
-}
-
-
-def _random_step(rng: random.Random) -> dict[str, Any]:
-    block_size = rng.choice([1, 2, 4, 8, 16])
-    num_reqs = rng.randint(1, 5)
-    free_ids = list(range(1, 256))
-    rng.shuffle(free_ids)
-    token_ids, computed, scheduled, block_ids = [], [], [], []
-    for _ in range(num_reqs):
-        total = rng.randint(1, 40)
-        num_new = 1 if rng.random() < 0.4 else rng.randint(1, total)
-        token_ids.append([rng.randrange(100) for _ in range(total)])
-        computed.append(total - num_new)
-        scheduled.append(num_new)
-        block_ids.append([free_ids.pop() for _ in range(-(-total // block_size))])
-    return {
-        "token_ids": token_ids,
-        "num_computed_tokens": computed,
-        "num_scheduled_tokens": scheduled,
-        "block_ids": block_ids,
-        "block_size": block_size,
-    }
-
 
 def _steps(seeds: Iterable[int]) -> list[dict[str, Any]]:
-    prefill = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [5, 7, 3]}
-    decode = {
-        **WORKED_EXAMPLE,
-        "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
-        "num_computed_tokens": [5, 7, 3],
-        "num_scheduled_tokens": [1, 1, 1],
-    }
-    return [prefill, decode, *(_random_step(random.Random(seed)) for seed in seeds)]
+    """Phase 02's worked example (prefill, then decode) and random steps, token ids < 100 (the tiny vocab)."""
+    return step_cases(seeds, max_token_id=100)
 
 
 def _close(atol: float) -> Callable[[Any, Any], bool]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from mini.sample.logits_processor import builtin
 from mini.sample.logits_processor.builtin import (
-    BUILTIN_LOGITS_PROCESSORS,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
@@ -62,7 +62,8 @@ def build_logitsprocs(
     config = LogitsProcessorConfig(vocab_size=vocab_size, max_num_reqs=max_num_reqs,
                                    engine_config=engine_config)
     device = torch.device(device)
-    classes = list(BUILTIN_LOGITS_PROCESSORS) + [resolve_logitsproc_class(c) for c in custom_classes or ()]
+    builtin_classes = builtin.builtin_logits_processors()  # looked up now: a plugged class is used
+    classes = list(builtin_classes) + [resolve_logitsproc_class(c) for c in custom_classes or ()]
     return LogitsProcessors.from_processors([cls(config, device, is_pin_memory) for cls in classes])
 
 

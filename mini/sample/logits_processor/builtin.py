@@ -148,3 +148,8 @@ BUILTIN_LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (
     LogitBiasLogitsProcessor,
     MinTokensLogitsProcessor,
 )
+
+
+def builtin_logits_processors() -> tuple[type[LogitsProcessor], ...]:
+    """The built-in classes, read from this module at call time (so `mini.labs.plug` can swap one)."""
+    return (MinPLogitsProcessor, LogitBiasLogitsProcessor, MinTokensLogitsProcessor)
