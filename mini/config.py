@@ -80,9 +80,9 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if str(self.device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device={self.device!r} requested but CUDA is not available; use device='cpu'")
-        if not self.enable_chunked_prefill and self.max_model_len is not None:
-            if self.max_num_batched_tokens < self.max_model_len:
-                raise ValueError(
+        if (not self.enable_chunked_prefill and self.max_model_len is not None
+                and self.max_num_batched_tokens < self.max_model_len):
+            raise ValueError(
                     "with enable_chunked_prefill=False, max_num_batched_tokens "
                     f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
                 )

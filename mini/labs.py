@@ -10,7 +10,7 @@
 `plug` monkeypatches the reference object a lab name stands for (see `LAB_TARGETS`), and also every
 `mini.*` module that imported that same object by name, then restores everything on exit, even
 after an error. Engine code calls pluggable functions through their module or class at call time,
-so the patch reaches a running engine (INTERFACES.md, "Swappable functions").
+so the patch reaches a running engine (mini/README.md, "Swappable functions").
 """
 
 from __future__ import annotations

@@ -84,9 +84,8 @@ class LLM:
         prompt_list = self._as_prompt_list(prompts)
         params_list = self._broadcast("sampling_params", sampling_params, len(prompt_list), SamplingParams())
         priority_list = self._broadcast("priority", priority, len(prompt_list), 0)
-        if priority_list and self.llm_engine.config.scheduling_policy != "priority":
-            if any(p != 0 for p in priority_list):
-                raise ValueError("priority is only supported with scheduling_policy='priority'")
+        if self.llm_engine.config.scheduling_policy != "priority" and any(p != 0 for p in priority_list):
+            raise ValueError("priority is only supported with scheduling_policy='priority'")
 
         engine = self.llm_engine
         for index, (prompt, params, prio) in enumerate(zip(prompt_list, params_list, priority_list)):
