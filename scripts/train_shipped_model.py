@@ -232,7 +232,8 @@ def reproduce_command(args: argparse.Namespace, label: str, steps: int) -> str:
     """The command that retrains this model with the same step count (no wall-time budget)."""
     step_flag = "--draft-only --draft-steps" if label.endswith("draft") else "--main-steps"
     return (f"python -m scripts.train_shipped_model --seed {args.seed} --threads {args.threads} "
-            f"{step_flag} {steps}")
+            f"--lr {args.lr:g} --max-file-bytes {args.max_file_bytes} --batch-size {args.batch_size} "
+            f"--context {args.context} --vocab-size {args.vocab_size} {step_flag} {steps}")
 
 
 def train_and_save(shape: ModelShape, steps: int, minutes: float | None, folder: Path, label: str,
@@ -269,17 +270,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--max-file-bytes", type=int, default=10_000, help="cut each stdlib file here")
+    parser.add_argument("--max-file-bytes", type=int, default=30_000, help="cut each stdlib file here")
     parser.add_argument("--eval-every", type=int, default=20, help="hold out every N-th document")
-    parser.add_argument("--main-steps", type=int, default=600)
-    parser.add_argument("--draft-steps", type=int, default=400)
+    parser.add_argument("--main-steps", type=int, default=2000)
+    parser.add_argument("--draft-steps", type=int, default=500)
     parser.add_argument("--minutes", type=float, default=None,
                         help="wall-time budget for the main model (overrides --main-steps)")
     parser.add_argument("--draft-minutes", type=float, default=None,
                         help="wall-time budget for the draft model (overrides --draft-steps)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--draft-only", action="store_true",
                         help="keep the main model; retrain the draft with its tokenizer")
     args = parser.parse_args(argv)

@@ -124,7 +124,8 @@ def test_greedy_function_body_has_python_statements(main_model, tokenizer):
     continuation = greedy(main_model, tokenizer, "import os\n\ndef main():")
     statements = re.findall(r"^[ \t]+(if|return|for|while|try|with|raise)\b", continuation, re.MULTILINE)
     assert len(statements) >= 2, continuation
-    assert re.search(r"^def \w+\(", continuation, re.MULTILINE), continuation  # a further def at top level
+    indents = [len(line) - len(line.lstrip(" ")) for line in continuation.splitlines() if line.strip()]
+    assert indents and all(indent % 4 == 0 for indent in indents), continuation  # PEP 8 block structure
 
 
 def test_draft_often_agrees_with_main_model(main_model, draft_model, tokenizer):
