@@ -83,3 +83,20 @@ def expect_equal(
 
 def passed(name: str, num_cases: int) -> None:
     print(f"ok: {name} passed {num_cases} cases")
+
+
+def tiny_llama_config(vocab_size: int, hidden_size: int, initializer_range: float, **overrides: Any) -> Any:
+    """A 2-layer GQA (4 query / 2 KV heads) random-Llama config with no special tokens.
+
+    No EOS, so greedy loops run to max_new_tokens; a large initializer_range gives peaked logits, so two
+    correct implementations rarely meet an argmax tie. Built from a config, never downloaded.
+    """
+    import transformers
+
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, "initializer_range": initializer_range,
+        "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+    }
+    return transformers.LlamaConfig(**{**settings, **overrides})

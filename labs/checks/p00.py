@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import calling, expect_equal, passed, tiny_llama_config
 from mini.config import EngineConfig
 from mini.engine.llm_engine import LLMEngine
 
@@ -122,19 +122,7 @@ def tiny_llama() -> Any:
     """A 2-layer random Llama (vocab 97) with no EOS, so greedy loops run to max_new_tokens."""
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
+    config = tiny_llama_config(vocab_size=97, hidden_size=32, initializer_range=0.2)
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import calling, expect_equal, passed, tiny_llama_config
 from labs.checks.p02 import WORKED_EXAMPLE, step_cases
 from mini.worker import model_runner as runner
 from mini.worker import prepare_inputs as prep
@@ -220,20 +220,7 @@ def tiny_models() -> tuple[Any, Any]:
     from mini.model.llama import LlamaForCausalLM
     from mini.model.loader import load_weights
 
-    config = transformers.LlamaConfig(
-        vocab_size=101,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.15,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
+    config = tiny_llama_config(vocab_size=101, hidden_size=64, initializer_range=0.15, tie_word_embeddings=False)
     torch.manual_seed(0)
     hf_model = transformers.LlamaForCausalLM(config).eval()
     model = LlamaForCausalLM(config).eval()
