@@ -3,22 +3,20 @@ property-based check that any schedule produces the same tokens as an unconstrai
 
 from __future__ import annotations
 
-import hashlib
 import os
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from labs.checks.p05 import FakeRunnerOutput, next_token  # the phase-05 lab's fake model
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
 from mini.sampling_params import SamplingParams
 
-VOCAB_SIZE = 50
 EOS = 0
 
 
@@ -39,21 +37,6 @@ def make_request(request_id: str, prompt: list[int], max_tokens: int = 16, prior
                  arrival_time: float = 0.0, eos: int | None = None, **params) -> Request:
     return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, **params),
                    eos_token_id=eos, arrival_time=arrival_time, priority=priority)
-
-
-def next_token(context: list[int]) -> int:
-    """Deterministic 'model': the next token is a hash of every token before it."""
-    digest = hashlib.blake2b(repr(context).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % VOCAB_SIZE
-
-
-@dataclass
-class FakeRunnerOutput:
-    req_ids: list[str]
-    req_id_to_index: dict[str, int]
-    sampled_token_ids: list[list[int]]
-    logprobs: None = None
-    prompt_logprobs: dict = field(default_factory=dict)
 
 
 class FakeRunner:
