@@ -6,8 +6,8 @@ Instructor workflow (run from the repository root):
     nbgrader autograde 01_paged_kv                      # grades submitted/<student>/01_paged_kv/
     nbgrader generate_feedback 01_paged_kv              # -> feedback/<student>/01_paged_kv/
 
-`python -m mini.course release` regenerates every notebook in phases/ (and normalizes it);
-`python -m mini.course check` reports drift between solutions/ and phases/.
+`python -m labs.course release` regenerates every notebook in phases/ (and normalizes it);
+`python -m labs.course check` reports drift between solutions/ and phases/.
 """
 
 import os

@@ -1,2 +1,15 @@
-"""The course labs: one pytest suite per phase (labs/test_pNN_*.py) and the checks they share with the
-notebooks' nbgrader test cells (labs/checks/pNN.py). See labs/README.md."""
+"""The course beside the engine: everything a learner and an instructor use, none of which `mini` imports.
+
+- `labs.checks.pNN`: each phase's checks and its table of exercises (`PHASE`, see `labs.manifest`);
+- `labs.plug`: run the engine with the learner's code in its seams (`labs/plugging.py`);
+- `labs.views`: the widgets and plots the notebooks draw;
+- `labs.course`: the nbgrader release pipeline (`python -m labs.course release|check|list`) and the
+  answer loader the grader uses;
+- `labs/test_labs.py`: `pytest labs/`, one test per exercise, generated from the phase tables.
+
+See labs/README.md for how a phase is written.
+"""
+
+from labs.plugging import lab_names, plug
+
+__all__ = ["lab_names", "plug"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mini.course.answers import NotebookAnswers, load_answers
+from labs.course.answers import NotebookAnswers, load_answers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

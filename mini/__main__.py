@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from mini.config import ATTENTION_BACKENDS
+
 BENCHMARKS = {
     "engine": "mini.bench.engine",
     "sampler": "mini.bench.sampler",
@@ -36,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32")
     gen.add_argument("--block-size", type=int, default=16)
-    gen.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
+    gen.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
 
     sub.add_parser("bench", add_help=False,
                    help="benchmarks: `bench [engine|sampler|attention] [--help | options]` (engine by default)")

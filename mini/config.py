@@ -13,12 +13,15 @@ from pathlib import Path
 
 import torch
 
+from mini.attention import ATTENTION_BACKEND_MODULES
+from mini.core.sched.request_queue import SchedulingPolicy
+
 SHIPPED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama"
 SHIPPED_DRAFT_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama-draft"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SCHEDULING_POLICIES = ("fcfs", "priority")
-ATTENTION_BACKENDS = ("torch", "triton")
+SCHEDULING_POLICIES = tuple(policy.value for policy in SchedulingPolicy)
+ATTENTION_BACKENDS = tuple(ATTENTION_BACKEND_MODULES)
 
 # Default KV budget when num_gpu_blocks_override is None: enough blocks for every sequence slot at
 # full length, capped so a big max_model_len on a laptop does not allocate gigabytes up front.

@@ -25,14 +25,6 @@ MIN_TEMPERATURE = 1e-2
 LOGIT_BIAS_LIMIT = 100.0
 
 
-class SamplingType(enum.IntEnum):
-    """How the next token is chosen: argmax, or a draw from a global or a per-request seeded generator."""
-
-    GREEDY = 0
-    RANDOM = 1
-    RANDOM_SEED = 2
-
-
 class RequestOutputKind(enum.Enum):
     """What each RequestOutput carries: everything so far, only the new part, or only the final result."""
 
@@ -226,14 +218,6 @@ class SamplingParams:
             raise ValueError(f"bad_words cannot contain an empty string, got {self.bad_words!r}")
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
             raise ValueError("allowed_token_ids must be None or a non-empty list of token ids, got []")
-
-    @property
-    def sampling_type(self) -> SamplingType:
-        if self.temperature < SAMPLING_EPS:
-            return SamplingType.GREEDY
-        if self.seed is not None:
-            return SamplingType.RANDOM_SEED
-        return SamplingType.RANDOM
 
     @property
     def eos_token_id(self) -> int | None:

@@ -4,27 +4,28 @@ property-based check that any schedule produces the same tokens as an unconstrai
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labs.checks.p05 import FakeRunnerOutput, next_token  # the phase-05 lab's fake model
+from labs.checks.p05 import next_token  # the phase-05 lab's fake model
+from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
 from mini.sampling_params import SamplingParams
+from mini.worker.model_runner_output import ModelRunnerOutput
 
 EOS = 0
 
 
-def make_config(**overrides) -> SimpleNamespace:
+def make_config(**overrides) -> EngineConfig:
     values = {"max_num_seqs": 64, "max_num_batched_tokens": 512, "max_model_len": 1024,
               "enable_chunked_prefill": True, "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs"}
     values.update(overrides)
-    return SimpleNamespace(**values)
+    return EngineConfig(**values)
 
 
 def make_scheduler(num_gpu_blocks: int = 64, block_size: int = 4, enable_caching: bool = False,
@@ -54,7 +55,7 @@ class FakeRunner:
         assert block_id != 0, "the null block must never hold KV"
         return block_id * self.block_size + position % self.block_size
 
-    def execute(self, out: SchedulerOutput) -> FakeRunnerOutput:
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in out.finished_req_ids:
             self.states.pop(req_id, None)
         for new in out.scheduled_new_reqs:
@@ -87,7 +88,7 @@ class FakeRunner:
             token = next_token(context)
             state["tokens"].append(token)
             sampled.append([token])
-        return FakeRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
+        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
 
 
 def run_to_completion(scheduler: Scheduler, requests: list[Request], abort_at: dict[str, int] | None = None,
@@ -183,7 +184,7 @@ def test_budget_chunks_a_prompt_and_no_chunking_waits():
     scheduler.add_request(make_request("a", list(range(1, 11))))
     out = scheduler.schedule()
     assert out.num_scheduled_tokens == {"a": 6} and out.partial_prefill_req_ids == {"a"}
-    no_chunks = make_scheduler(max_num_batched_tokens=6, enable_chunked_prefill=False)
+    no_chunks = make_scheduler(max_num_batched_tokens=6, enable_chunked_prefill=False, max_model_len=6)
     no_chunks.add_request(make_request("small", [1, 2]))
     no_chunks.add_request(make_request("big", list(range(1, 6))))
     out = no_chunks.schedule()
@@ -340,7 +341,8 @@ def test_any_schedule_gives_the_unconstrained_tokens(specs, block_size, spare_bl
         budget = max(budget, longest)
     constrained = make_scheduler(
         num_gpu_blocks, block_size, enable_caching, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
-        long_prefill_token_threshold=threshold, scheduling_policy=policy, enable_chunked_prefill=chunked)
+        long_prefill_token_threshold=threshold, scheduling_policy=policy, enable_chunked_prefill=chunked,
+        max_model_len=1024 if chunked else budget)
     requests, abort_at = build_requests(specs, with_aborts=True)
     tokens, reasons, outputs = run_to_completion(constrained, requests, abort_at)
 
@@ -416,20 +418,33 @@ def test_request_outgrowing_the_whole_pool_finishes_with_length():
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 2
 
 
-def test_record_keeps_step_snapshots_and_events():
+def test_make_stats_snapshots_tables_queue_and_counts():
     scheduler = make_scheduler(num_gpu_blocks=7, block_size=2)
-    scheduler.record = True
     requests = [make_request(f"r{i}", [i + 1] * 3, max_tokens=4, arrival_time=0.0) for i in range(3)]
-    run_to_completion(scheduler, requests)
-    first = scheduler.step_records[0]
-    assert first.step == 0 and first.num_scheduled_tokens == {"r0": 3, "r1": 3, "r2": 3}
-    assert first.block_ids == {"r0": [1, 2], "r1": [3, 4], "r2": [5, 6]}
-    assert first.free_block_ids == [] and first.num_computed_tokens == {"r0": 0, "r1": 0, "r2": 0}
-    kinds = {event.kind for event in scheduler.events}
-    assert {"schedule", "alloc", "preempt", "free", "finish"} <= kinds
-    preempt_steps = [r.step for r in scheduler.step_records if r.preempted_req_ids]
-    assert preempt_steps and scheduler.num_preemptions_total == len(
-        [e for e in scheduler.events if e.kind == "preempt"])
-    quiet = make_scheduler()
-    run_to_completion(quiet, [make_request("a", [1, 2])])
-    assert quiet.events == [] and quiet.step_records == []
+    for request in requests:
+        scheduler.add_request(request)
+    before = scheduler.make_stats()
+    assert (before.step, before.num_running_reqs, before.num_waiting_reqs) == (0, 0, 3)
+    assert before.waiting_req_ids == ["r0", "r1", "r2"] and before.free_block_ids == [1, 2, 3, 4, 5, 6]
+    assert before.block_ref_cnts == [0] * 7 and before.kv_cache_usage == 0.0
+    out = scheduler.schedule()
+    stats = scheduler.make_stats()
+    assert out.num_scheduled_tokens == {"r0": 3, "r1": 3, "r2": 3}
+    assert stats.step == 1 and stats.running_req_ids == ["r0", "r1", "r2"] and stats.waiting_req_ids == []
+    assert stats.block_ids == {"r0": [1, 2], "r1": [3, 4], "r2": [5, 6]}
+    assert stats.num_computed_tokens == {"r0": 3, "r1": 3, "r2": 3}   # advanced right after scheduling
+    assert stats.free_block_ids == [] and stats.kv_cache_usage == 1.0
+    assert stats.block_ref_cnts == [0, 1, 1, 1, 1, 1, 1] and stats.num_gpu_blocks == 7 and stats.block_size == 2
+    preempted = False
+    while scheduler.has_unfinished_requests():            # every request gets one token per finished prefill
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = [[7] if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens else []
+                   for r in req_ids]
+        scheduler.update_from_output(out, ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
+                                                            sampled))
+        out = scheduler.schedule()
+        preempted |= bool(out.preempted_req_ids)
+    assert preempted
+    done = scheduler.make_stats()
+    assert done.num_preemptions == scheduler.num_preemptions_total > 0
+    assert done.block_ids == {} and sorted(done.free_block_ids) == [1, 2, 3, 4, 5, 6]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from mini.course import authoring as A
-from mini.course.answers import AnswerCellError, NotImplementedYet, defined_names, load_answers
-from mini.course.notebook_format import normalize_notebook, notebook_text
+from labs.course import authoring as A
+from labs.course.answers import AnswerCellError, NotImplementedYet, defined_names, load_answers
+from labs.course.notebook_format import normalize_notebook, notebook_text
 
 
 def _write(tmp_path, cells):

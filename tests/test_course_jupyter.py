@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
-from mini.course.release import REPO_ROOT, list_assignments
+from labs.course.release import REPO_ROOT, list_assignments
 
 STARTUP_TIMEOUT_S = 90
 

@@ -13,8 +13,10 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from mini.course.notebook_format import read_notebook, write_normalized
-from mini.course.release import REPO_ROOT
+from labs.checks import p02
+from labs.course.notebook_format import read_notebook, write_normalized
+from labs.course.release import REPO_ROOT
+from labs.manifest import all_phases
 
 
 def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
@@ -49,7 +51,7 @@ def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
 
 def test_untouched_release_fails_every_lab_with_not_implemented(tmp_path):
     outcomes = run_labs(tmp_path, "labs/")
-    assert len(outcomes) >= 11
+    assert len(outcomes) == sum(len(phase.exercises) for phase in all_phases())
     for name, (outcome, message) in outcomes.items():
         assert outcome == "failed", (name, outcome, message)
         assert "not implemented yet" in message, (name, message)
@@ -79,13 +81,15 @@ def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path):
             )
     write_normalized(notebook, path)
 
-    outcomes = run_labs(tmp_path, "labs/test_p02_slot_mapping.py", "--notebooks", str(tmp_path / "notebooks"))
-    assert outcomes["test_compute_slot_mapping"][0] == "passed"
-    outcome, message = outcomes["test_compute_positions"]
+    outcomes = run_labs(tmp_path, "labs/", "-k", assignment_id, "--notebooks", str(tmp_path / "notebooks"))
+    outcomes = {name.split("::")[-1].rstrip("]"): value for name, value in outcomes.items()}
+    assert set(outcomes) == {e.name for e in p02.PHASE.exercises}
+    assert outcomes["compute_slot_mapping"][0] == "passed"
+    outcome, message = outcomes["compute_positions"]
     assert outcome == "failed" and "SyntaxError" in message, message
-    outcome, message = outcomes["test_prepare_inputs"]
+    outcome, message = outcomes["prepare_inputs"]
     assert outcome == "failed" and "not implemented yet" in message, message
-    outcome, message = outcomes["test_compute_query_start_loc"]
+    outcome, message = outcomes["compute_query_start_loc"]
     assert outcome == "failed"
     for expected in (
         "inputs:",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mini.course.notebook_format import read_notebook, write_normalized
-from mini.course.release import REPO_ROOT, _nbgrader_config, list_assignments
+from labs.course.notebook_format import read_notebook, write_normalized
+from labs.course.release import REPO_ROOT, _nbgrader_config, list_assignments
 
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own, harmless
 

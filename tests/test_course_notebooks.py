@@ -8,7 +8,7 @@ import os
 import nbformat
 import pytest
 
-from mini.course.release import REPO_ROOT, list_assignments
+from labs.course.release import REPO_ROOT, list_assignments
 
 CELL_TIMEOUT_S = 300
 

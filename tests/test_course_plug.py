@@ -1,33 +1,33 @@
-"""mini.labs.plug: swaps reference functions (module functions, methods, staticmethods, classes and
-their `from x import name` aliases), restores them, rejects unknown names, and reaches the engine."""
+"""labs.plug: installs a learner's function, class or kernel in an engine seam (mini/seams.py), with no
+monkeypatching; restores the reference after the block, even after an error; rejects unknown names; and
+reaches a running engine. Every seam belongs to one exercise of a phase table, and every plug target exists."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
-import mini.core.block_pool as block_pool_module
 import mini.worker.prepare_inputs as prep
-from mini import LLM, SamplingParams
+from labs import lab_names, plug
+from labs.manifest import all_phases, seam_exercises
+from mini import LLM, SamplingParams, seams
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.engine.llm_engine import LLMEngine
-from mini.labs import LAB_TARGETS, lab_names, plug
 
 
-def test_every_lab_target_exists():
-    for name, (module_name, path) in LAB_TARGETS.items():
-        owner = importlib.import_module(module_name)
-        for part in path.split("."):
-            owner = getattr(owner, part)
-        assert callable(owner), name
+def test_every_seam_belongs_to_one_exercise_and_every_exercise_seam_exists():
+    claimed = seam_exercises()
+    assert sorted(claimed) == lab_names(), "each engine seam is filled by exactly one exercise"
+    for phase in all_phases():
+        for exercise in phase.exercises:
+            if exercise.seam is not None:
+                assert seams.reference(exercise.seam) is not None, exercise
 
 
 def test_unknown_name_lists_the_allowed_ones():
     with pytest.raises(ValueError, match="allowed names") as error, plug(no_such_lab=lambda: None):
         pass
-    assert "slot_mapping" in str(error.value) and "allocate_slots" in str(error.value)
+    assert "compute_slot_mapping" in str(error.value) and "allocate_slots" in str(error.value)
 
 
 def test_non_callable_is_a_type_error():
@@ -35,44 +35,56 @@ def test_non_callable_is_a_type_error():
         pass
 
 
-def test_module_function_is_swapped_and_restored_even_after_an_error():
-    original = prep.compute_slot_mapping
+def test_nothing_is_patched_and_the_reference_comes_back_even_after_an_error():
+    module_function = prep.compute_slot_mapping
 
     def fake(*args):
         return "fake"
 
     with pytest.raises(RuntimeError), plug(compute_slot_mapping=fake):
-        assert prep.compute_slot_mapping is fake
+        assert prep.compute_slot_mapping is module_function   # the module is untouched ...
+        assert prep.compute_slot_mapping(None, None, None, 4) == "fake"   # ... the seam dispatches
+        assert seams.is_overridden("compute_slot_mapping")
         raise RuntimeError("boom")
-    assert prep.compute_slot_mapping is original
+    assert not seams.is_overridden("compute_slot_mapping")
+    assert seams.implementation("compute_slot_mapping") is seams.reference("compute_slot_mapping")
 
 
-def test_class_and_its_import_alias_are_swapped():
-    original = kv_cache_utils.FreeKVCacheBlockQueue
+def test_nested_plugs_restore_the_outer_one():
+    def outer(*args):
+        return "outer"
 
-    class MyQueue(original):
+    def inner(*args):
+        return "inner"
+
+    with plug(compute_positions=outer):
+        with plug(compute_positions=inner):
+            assert prep.compute_positions([0], [1]) == "inner"
+        assert prep.compute_positions([0], [1]) == "outer"
+    assert prep.compute_positions([0], [1]).tolist() == [0]
+
+
+def test_a_class_seam_is_what_the_engine_builds():
+    class MyQueue(kv_cache_utils.FreeKVCacheBlockQueue):
         pass
 
     with plug(FreeKVCacheBlockQueue=MyQueue):
-        assert kv_cache_utils.FreeKVCacheBlockQueue is MyQueue
-        assert block_pool_module.FreeKVCacheBlockQueue is MyQueue  # `from ... import` in block_pool.py
         assert isinstance(BlockPool(4).free_block_queue, MyQueue)
-    assert block_pool_module.FreeKVCacheBlockQueue is original
-    assert type(BlockPool(4).free_block_queue) is original
+    assert type(BlockPool(4).free_block_queue) is kv_cache_utils.FreeKVCacheBlockQueue
 
 
-def test_methods_and_staticmethods_keep_their_kind():
+def test_methods_and_staticmethods_dispatch_with_their_arguments():
     calls = []
 
     def get_new_blocks(self, num_blocks):
-        calls.append(num_blocks)
+        calls.append((type(self).__name__, num_blocks))
         return []
 
     def kv_bytes_per_block(config, hf_config):
         return 123
 
     with plug(get_new_blocks=get_new_blocks, kv_bytes_per_block=kv_bytes_per_block):
-        assert BlockPool(4).get_new_blocks(2) == [] and calls == [2]
+        assert BlockPool(4).get_new_blocks(2) == [] and calls == [("BlockPool", 2)]
         assert LLMEngine.kv_bytes_per_block(None, None) == 123
     assert isinstance(vars(LLMEngine)["kv_bytes_per_block"], staticmethod)
     assert len(BlockPool(4).get_new_blocks(2)) == 2
@@ -80,7 +92,7 @@ def test_methods_and_staticmethods_keep_their_kind():
 
 def test_plugged_function_runs_inside_the_engine(tiny_llama_dir):
     calls = []
-    reference = prep.compute_slot_mapping
+    reference = seams.reference("compute_slot_mapping")
 
     def spy(block_table, req_indices, positions, block_size):
         calls.append(positions.tolist())
@@ -93,4 +105,14 @@ def test_plugged_function_runs_inside_the_engine(tiny_llama_dir):
         got = llm.generate([{"prompt_token_ids": [1, 2, 3]}], params)[0].outputs[0].token_ids
     assert calls[:2] == [[0, 1, 2], [3]]  # the prefill, then the first decode step
     assert got == expected
-    assert "compute_slot_mapping" in lab_names()
+
+
+def test_a_plugged_sampler_op_turns_the_fused_path_off():
+    from mini.sample.sampler import FUSED_SEAMS, Sampler
+
+    sampler = Sampler()
+    assert sampler._fused_allowed()
+    for name in FUSED_SEAMS:
+        with plug(**{name: seams.reference(name)}):
+            assert not sampler._fused_allowed(), name
+    assert sampler._fused_allowed()

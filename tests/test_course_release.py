@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from mini.course.answers import defined_names
-from mini.course.notebook_format import notebook_text, read_notebook
-from mini.course.release import REPO_ROOT, find_drift, list_assignments
+from labs.course.answers import defined_names
+from labs.course.notebook_format import notebook_text, read_notebook
+from labs.course.release import REPO_ROOT, find_drift, list_assignments
 
 ASSIGNMENTS = list_assignments()
 PARTS = ("## 1. Deep dive", "## 2. Mini build", "## 3. Lab", "## 4. Plug it in", "## 5. Checklist")
@@ -34,7 +35,7 @@ def test_phases_are_what_nbgrader_generates_from_solutions():
 def test_notebooks_are_stored_normalized(side, assignment_id):
     path = REPO_ROOT / side / assignment_id / f"{assignment_id}.ipynb"
     assert path.read_text(encoding="utf-8") == notebook_text(read_notebook(path)), (
-        f"{path} is not normalized: run `python -m mini.course release`"
+        f"{path} is not normalized: run `python -m labs.course release`"
     )
 
 
@@ -56,15 +57,21 @@ def test_source_notebook_structure(assignment_id):
     assert any("setup" in c.metadata.get("tags", []) for c in notebook.cells), "a setup cell"
 
     phase = assignment_id[:2]
-    lab_files = list((REPO_ROOT / "labs").glob(f"test_p{phase}_*.py"))
-    assert len(lab_files) == 1, f"one labs/test_p{phase}_*.py"
-    lab_source = lab_files[0].read_text(encoding="utf-8")
+    table = importlib.import_module(f"labs.checks.p{phase}").PHASE
+    assert table.assignment_id == assignment_id, f"labs/checks/p{phase}.py PHASE names {table.assignment_id}"
+    answer_names = []
     for cell in answers:
         names = defined_names(cell.source)
         assert len(names) == 1, f"answer cell {_nbgrader(cell)['grade_id']} must define ONE function or class"
-        assert f'.get("{names[0]}")' in lab_source, f"{lab_files[0].name} grades {names[0]}"
-    for cell in tests:
-        assert f"labs.checks.p{phase}" in cell.source, "test cells call the shared checks"
+        answer_names += names
+    assert [e.name for e in table.exercises] == answer_names, "the phase table lists the answer cells, in order"
+    for exercise, cell in zip(table.exercises, tests, strict=True):
+        meta = _nbgrader(cell)
+        assert (meta["grade_id"], meta["points"]) == (exercise.grade_id, exercise.points), exercise.name
+        visible = cell.source.split("### BEGIN HIDDEN TESTS")[0]
+        assert f"labs.checks.p{phase}" in visible, "test cells call the shared checks"
+        assert f"{exercise.check.__name__}({exercise.name}" in visible, (
+            f"test cell {exercise.grade_id} must call {exercise.check.__name__}({exercise.name})")
 
 
 @pytest.mark.parametrize("assignment_id", ASSIGNMENTS)
@@ -79,8 +86,8 @@ def test_release_notebook_has_no_solutions(assignment_id):
 
 
 def test_drift_is_detected_and_release_repairs_it(tmp_path):
-    from mini.course.__main__ import main
-    from mini.course.release import release
+    from labs.course.__main__ import main
+    from labs.course.release import release
 
     assignment_id = "01_paged_kv"
     for side in ("solutions", "phases"):
@@ -96,7 +103,7 @@ def test_drift_is_detected_and_release_repairs_it(tmp_path):
     drift = find_drift(tmp_path)
     assert drift.changed == [f"phases/{assignment_id}/{assignment_id}.ipynb"]
     assert drift.extra == [f"phases/{assignment_id}/stale.txt", "phases/99_gone/99_gone.ipynb"]
-    assert "python -m mini.course release" in drift.describe()
+    assert "python -m labs.course release" in drift.describe()
 
     release(tmp_path)
     assert find_drift(tmp_path).is_clean()

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from mini.sampling_params import RequestOutputKind, SamplingParams, SamplingType
+from mini.sampling_params import SAMPLING_EPS, RequestOutputKind, SamplingParams
 
 VLLM_DEFAULTS = {
     "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
@@ -22,7 +22,7 @@ def test_defaults_match_vllm():
     params = SamplingParams()
     for name, expected in VLLM_DEFAULTS.items():
         assert getattr(params, name) == expected, name
-    assert params.sampling_type == SamplingType.RANDOM
+    assert params.temperature >= SAMPLING_EPS and params.seed is None  # random, unseeded
     assert params.all_stop_token_ids == set()
     assert params.output_text_buffer_length == 0
 
@@ -82,14 +82,12 @@ def test_stop_strings_need_detokenize():
 def test_greedy_resets_sampling_knobs_and_rejects_n():
     params = SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.2)
     assert (params.top_p, params.top_k, params.min_p) == (1.0, 0, 0.0)
-    assert params.sampling_type == SamplingType.GREEDY
-    assert SamplingParams(temperature=1e-6).sampling_type == SamplingType.GREEDY
+    assert SamplingParams(temperature=1e-6).temperature < SAMPLING_EPS  # greedy
     with pytest.raises(ValueError, match="n must be 1"):
         SamplingParams(temperature=0.0, n=2)
 
 
-def test_sampling_type_seeded_and_tiny_temperature_clamped():
-    assert SamplingParams(seed=7).sampling_type == SamplingType.RANDOM_SEED
+def test_tiny_temperature_clamped():
     assert SamplingParams(temperature=0.001).temperature == pytest.approx(0.01)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import mini.attention.reference as attn
+from mini import seams
 from mini.model.llama import LlamaForCausalLM
 from mini.model.loader import load_model
 from mini.worker.prepare_inputs import prepare_inputs
@@ -185,17 +186,17 @@ def test_unsupported_configs_raise(models):
         LlamaForCausalLM(config)
 
 
-def test_attention_is_looked_up_at_call_time(models, monkeypatch):
-    """mini.labs.plug swaps module attributes: the running model must see the swap."""
+def test_attention_goes_through_its_seam(models):
+    """paged_attention is a seam: a replacement installed in the registry runs inside a built model."""
     _, folder = models("llama-untied")
     model, _ = load_model(folder)
     calls = []
-    original = attn.paged_attention
+    original = seams.reference("paged_attention")  # (attn.paged_attention would dispatch back to the spy)
 
     def spy(query, kv_cache, metadata, scale):
         calls.append(query.shape)
         return original(query, kv_cache, metadata, scale)
 
-    monkeypatch.setattr(attn, "paged_attention", spy)
-    PagedRun(model).step([([1, 2, 3], 0, 3)])
+    with seams.override(paged_attention=spy):
+        PagedRun(model).step([([1, 2, 3], 0, 3)])
     assert calls == [torch.Size([3, 4, 16])] * 2  # once per layer

@@ -11,10 +11,10 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
+from labs.views import attention_mask_from_batch, attention_mask_view, plot_attention_mask, record_run
 from mini import LLM, SamplingParams
 from mini.attention import reference
 from mini.attention.reference import AttentionMetadata
-from mini.viz import attention_mask_from_batch, attention_mask_view, plot_attention_mask, record_run
 from mini.worker import prepare_inputs as prep
 
 # phase 03's worked example: r0 a prefill chunk (6 cached + 4 new), r1 and r2 decodes; block_size 4

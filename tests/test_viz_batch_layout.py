@@ -9,8 +9,7 @@ matplotlib.use("Agg")
 
 import pytest
 
-from mini import LLM, SamplingParams
-from mini.viz import (
+from labs.views import (
     batch_layout,
     batch_layout_from_inputs,
     batch_layout_widget,
@@ -18,6 +17,7 @@ from mini.viz import (
     record_run,
     render_batch_layout_html,
 )
+from mini import LLM, SamplingParams
 
 TOKENS = [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]]
 BLOCKS = [[1, 2], [3, 4], [5]]

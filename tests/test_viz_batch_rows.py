@@ -11,9 +11,7 @@ matplotlib.use("Agg")
 
 import pytest
 
-from mini import LLM, SamplingParams
-from mini.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
-from mini.viz import (
+from labs.views import (
     batch_rows_widget,
     plot_batch_rows,
     record_batch_updates,
@@ -22,6 +20,8 @@ from mini.viz import (
     render_batch_rows_html,
     replay_batch_update,
 )
+from mini import LLM, SamplingParams
+from mini.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 
 UNI, SWAP = MoveDirectionality.UNIDIRECTIONAL, MoveDirectionality.SWAP
 

@@ -9,9 +9,9 @@ matplotlib.use("Agg")
 
 import pytest
 
+from labs.views import block_table_view, block_table_widget, plot_block_table, record_run
+from labs.views.block_table import render_block_table_html
 from mini import LLM, SamplingParams
-from mini.viz import block_table_view, block_table_widget, plot_block_table, record_run
-from mini.viz.block_table import render_block_table_html
 
 PROMPTS = [{"prompt_token_ids": ids} for ids in ([1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13])]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from labs.views import detokenizer_stream, render_detokenizer_html
 from mini.config import SHIPPED_MODEL_DIR
 from mini.engine.core_request import EngineCoreRequest
 from mini.engine.detokenizer import OffsetIncrementalDetokenizer
 from mini.sampling_params import SamplingParams
 from mini.tokenizer import load_tokenizer
-from mini.viz import detokenizer_stream, render_detokenizer_html
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The kernel-access view (mini/viz/kernel_access.py): the PyTorch replay of the decode kernel computes
+"""The kernel-access view (labs/views/kernel_access.py): the PyTorch replay of the decode kernel computes
 the reference attention and reads exactly each request's slots; the record of a real interpreter run
 agrees with it; the figure, HTML and widget build; and phase 07's notebook degrades cleanly without
 Triton."""
@@ -19,10 +19,9 @@ import pytest
 import torch
 
 from labs.checks.p07 import make_batch
-from mini.attention import reference, triton_utils
-from mini.course.release import REPO_ROOT
-from mini.viz import kernel_access
-from mini.viz.kernel_access import (
+from labs.course.release import REPO_ROOT
+from labs.views import kernel_access
+from labs.views.kernel_access import (
     kernel_access_widget,
     online_softmax_update,
     plot_kernel_access,
@@ -30,6 +29,7 @@ from mini.viz.kernel_access import (
     render_kernel_access_html,
     replay_paged_decode,
 )
+from mini.attention import reference, triton_utils
 
 CASES = [
     {"seq_lens": [5, 9, 20], "block_size": 4, "num_kv_heads": 2, "group_size": 2, "head_size": 16},
@@ -146,7 +146,7 @@ def test_phase_07_without_triton_explains_and_keeps_the_pytorch_exercise(tmp_pat
         import json, platform
         platform.machine = lambda: "arm64"   # no Triton wheels here, as far as mini can tell
         import torch
-        from mini.course.answers import load_answers
+        from labs.course.answers import load_answers
         from labs.checks import p07
         answers = load_answers({str(REPO_ROOT / "solutions/07_attention_kernel/07_attention_kernel.ipynb")!r})
         result = {{"setup_error": answers.setup_error, "available": p07.TRITON_AVAILABLE,

@@ -12,9 +12,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from mini import SamplingParams
-from mini.labs import plug
-from mini.viz.sampling_plots import (
+from labs import plug
+from labs.views.sampling_plots import (
     STAGE_NAMES,
     chi_square,
     plot_frequencies,
@@ -22,6 +21,7 @@ from mini.viz.sampling_plots import (
     sampled_frequencies,
     sampling_pipeline_stages,
 )
+from mini import SamplingParams
 
 PROBS = [0.05, 0.40, 0.10, 0.30, 0.15]
 

@@ -9,15 +9,15 @@ matplotlib.use("Agg")
 
 import pytest
 
-from mini import LLM, SamplingParams
-from mini.core.request import RequestStatus
-from mini.viz import (
+from labs.views import (
     plot_batching_comparison,
     plot_scheduler_timeline,
     record_timeline,
     render_timeline_html,
     scheduler_timeline_widget,
 )
+from mini import LLM, SamplingParams
+from mini.core.request import RequestStatus
 
 # The phase-05 worked example: (prompt length, max_tokens) of six requests.
 WORKLOAD = [(14, 4), (3, 12), (20, 3), (5, 8), (9, 3), (4, 6)]

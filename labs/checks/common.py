@@ -13,7 +13,7 @@ import pprint
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mini.course.answers import NotImplementedYet
+from labs.course.answers import NotImplementedYet
 
 __all__ = ["NotImplementedYet", "calling", "counterexample", "expect_equal", "passed"]
 

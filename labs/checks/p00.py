@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed, tiny_llama_config
+from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
 from mini.engine.llm_engine import LLMEngine
 
@@ -226,6 +227,13 @@ def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterab
         generate_with_kv_cache,
         seeds,
         lambda prompt_len, n: [prompt_len] + [1] * (n - 1),
-        "prefill the prompt once, then feed ONLY the newest token with past_key_values (one call per token)",
+        "prefill the prompt once, then feed ONLY the newest token with the returned `cache` (one call per token)",
     )
     passed("check_generate_with_kv_cache", num_cases)
+
+
+PHASE = Phase("00_autoregressive_loop", (
+    Exercise("kv_bytes_per_block", check_kv_bytes_per_block, points=2, grade_id="test-kv-bytes", seam="kv_bytes_per_block"),
+    Exercise("generate_naive", check_generate_naive, points=3, grade_id="test-generate-naive"),
+    Exercise("generate_with_kv_cache", check_generate_with_kv_cache, points=3, grade_id="test-generate-with-kv-cache"),
+))

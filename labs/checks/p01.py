@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
@@ -357,3 +358,11 @@ def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(
                         req.append_output_token_ids(7)
         num_cases += 1
     passed("check_allocate_slots", num_cases)
+
+
+PHASE = Phase("01_paged_kv", (
+    Exercise("FreeKVCacheBlockQueue", check_free_block_queue, points=4, grade_id="test-free-block-queue", seam="FreeKVCacheBlockQueue"),
+    Exercise("get_new_blocks", check_get_new_blocks, points=2, grade_id="test-get-new-blocks", seam="get_new_blocks"),
+    Exercise("free_blocks", check_free_blocks, points=2, grade_id="test-free-blocks", seam="free_blocks"),
+    Exercise("allocate_slots", check_allocate_slots, points=3, grade_id="test-allocate-slots", seam="allocate_slots"),
+))

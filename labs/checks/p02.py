@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
 from mini.worker import prepare_inputs as reference
 
 WORKED_EXAMPLE = {
@@ -169,3 +170,11 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
                 f"see the table in the phase: how {name} is built from the per-request lists",
             )
     passed("check_prepare_inputs", len(cases))
+
+
+PHASE = Phase("02_slot_mapping", (
+    Exercise("compute_query_start_loc", check_query_start_loc, points=2, grade_id="test-query-start-loc", seam="compute_query_start_loc"),
+    Exercise("compute_positions", check_positions, points=2, grade_id="test-positions", seam="compute_positions"),
+    Exercise("compute_slot_mapping", check_slot_mapping, points=3, grade_id="test-slot-mapping", seam="compute_slot_mapping"),
+    Exercise("prepare_inputs", check_prepare_inputs, points=3, grade_id="test-prepare-inputs", seam="prepare_inputs"),
+))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
 from mini.attention import reference
 from mini.attention.reference import AttentionMetadata
 from mini.worker import prepare_inputs as prep
@@ -272,3 +273,10 @@ def check_paged_attention(paged_attention: Callable, seeds: Iterable[int] = rang
             "head h // (num_heads // num_kv_heads); softmax(q.k * scale) @ v",
         )
     passed("check_paged_attention", len(cases))
+
+
+PHASE = Phase("03_paged_attention", (
+    Exercise("store_kv", check_store_kv, points=3, grade_id="test-store-kv", seam="store_kv"),
+    Exercise("gather_kv", check_gather_kv, points=2, grade_id="test-gather-kv", seam="gather_kv"),
+    Exercise("paged_attention", check_paged_attention, points=5, grade_id="test-paged-attention", seam="paged_attention"),
+))

@@ -21,6 +21,7 @@ import torch
 
 from labs.checks.common import calling, expect_equal, passed, tiny_llama_config
 from labs.checks.p02 import WORKED_EXAMPLE, step_cases
+from labs.manifest import Exercise, Phase
 from mini.worker import model_runner as runner
 from mini.worker import prepare_inputs as prep
 
@@ -521,3 +522,13 @@ def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)
             history.append(str(dict(scheduler_output.num_scheduled_tokens)))
             num_steps += 1
     passed("check_update_states", num_steps)
+
+
+PHASE = Phase("04_model_runner", (
+    Exercise("compute_logits_indices", check_logits_indices, points=2, grade_id="test-logits-indices", seam="compute_logits_indices"),
+    Exercise("rms_norm", check_rms_norm, points=2, grade_id="test-rms-norm", seam="rms_norm"),
+    Exercise("apply_rotary", check_apply_rotary, points=2, grade_id="test-apply-rotary", seam="apply_rotary"),
+    Exercise("build_attention_metadata", check_build_attention_metadata, points=2, grade_id="test-attention-metadata", seam="build_attention_metadata"),
+    Exercise("run_model", check_run_model, points=4, grade_id="test-run-model", seam="run_model"),
+    Exercise("update_states", check_update_states, points=4, grade_id="test-update-states", seam="update_states"),
+))

@@ -19,16 +19,17 @@ import hashlib
 import random
 import types
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
+from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request
 from mini.core.sched import scheduler as reference
 from mini.core.sched.request_queue import SchedulingPolicy
 from mini.sampling_params import SamplingParams
+from mini.worker.model_runner_output import ModelRunnerOutput
 
 VOCAB_SIZE = 50
 
@@ -159,28 +160,13 @@ def next_token(context: list[int]) -> int:
     return int.from_bytes(digest, "little") % VOCAB_SIZE
 
 
-@dataclass
-class FakeRunnerOutput:
-    req_ids: list[str]
-    req_id_to_index: dict[str, int]
-    sampled_token_ids: list[list[int]]
-    logprobs: None = None
-    prompt_logprobs: dict = field(default_factory=dict)
-
-
 def make_scheduler(config: dict[str, Any]) -> reference.Scheduler:
-    engine_config = SimpleNamespace(
-        **{
-            k: v
-            for k, v in config.items()
-            if k not in ("block_size", "num_gpu_blocks", "enable_prefix_caching")
-        }
-    )
+    engine_config = EngineConfig(**{k: v for k, v in config.items() if k != "num_gpu_blocks"})
     manager = KVCacheManager(config["num_gpu_blocks"], config["block_size"], config["enable_prefix_caching"])
     return reference.Scheduler(engine_config, manager)
 
 
-def fake_model_output(scheduler: reference.Scheduler, output: Any) -> FakeRunnerOutput:
+def fake_model_output(scheduler: reference.Scheduler, output: Any) -> ModelRunnerOutput:
     """One token per request whose prompt (and outputs) are now all computed; [] for a partial prefill."""
     req_ids = list(output.num_scheduled_tokens)
     sampled = []
@@ -188,7 +174,7 @@ def fake_model_output(scheduler: reference.Scheduler, output: Any) -> FakeRunner
         request = scheduler.requests[req_id]
         done = request.num_computed_tokens >= request.num_tokens
         sampled.append([next_token(request.all_token_ids)] if done else [])
-    return FakeRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
+    return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
 
 
 def summarize_output(output: Any) -> dict[str, Any]:
@@ -302,6 +288,8 @@ def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         "enable_prefix_caching": rng.random() < 0.3,
         "max_model_len": rng.choice([24, 64]),
     }
+    if not config["enable_chunked_prefill"]:  # as vLLM: without chunking a whole prompt must fit one step
+        config["max_model_len"] = min(config["max_model_len"], config["max_num_batched_tokens"])
     shared = [rng.randrange(1, 40) for _ in range(12)]
     specs = []
     for i in range(rng.randint(1, 6)):
@@ -399,3 +387,10 @@ _HINTS = {
     "num_scheduled_tokens": "running requests are served first, in order, each num_tokens_to_schedule(...) "
     "tokens; the budget shrinks as you go",
 }
+
+
+PHASE = Phase("05_scheduler", (
+    Exercise("num_tokens_to_schedule", check_num_tokens_to_schedule, points=2, grade_id="test-num-tokens", seam="num_tokens_to_schedule"),
+    Exercise("select_preemption_victim", check_select_preemption_victim, points=2, grade_id="test-victim", seam="select_preemption_victim"),
+    Exercise("schedule", check_schedule, points=5, grade_id="test-schedule", seam="schedule"),
+))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
 from mini.config import SHIPPED_MODEL_DIR
 from mini.core.request import Request, RequestStatus
 from mini.core.sched import utils as sched_utils
@@ -426,3 +427,11 @@ def check_step(step: Callable, seeds: Iterable[int] = range(3)) -> None:
             "blocks are never freed",
         )
     passed("check_step", len(workloads))
+
+
+PHASE = Phase("06_engine_loop", (
+    Exercise("detokenize_incrementally", check_detokenize_incrementally, points=3, grade_id="test-detokenize", seam="detokenize_incrementally"),
+    Exercise("check_stop_strings", check_check_stop_strings, points=2, grade_id="test-stop-strings", seam="check_stop_strings"),
+    Exercise("check_stop", check_check_stop, points=2, grade_id="test-check-stop", seam="check_stop"),
+    Exercise("step", check_step, points=3, grade_id="test-step", seam="step"),
+))

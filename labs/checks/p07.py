@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from labs.checks.common import NotImplementedYet, calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
+from labs.views import kernel_access
 from mini.attention import reference, triton_utils
-from mini.viz import kernel_access
 
 KERNEL_LABS_MESSAGE = (
     "Phase 07's kernel exercises cannot run on this machine. {reason} In this phase the online-softmax "
@@ -241,7 +242,7 @@ def check_store_kv_kernel(_store_kv_kernel: Any, seeds: Iterable[int] = range(6)
     """Your kernel, launched exactly as mini.attention.triton_paged.store_kv launches its own."""
     __tracebackhide__ = True
     triton_paged = _require_triton()
-    from mini.labs import plug
+    from labs import plug
 
     def run(batch: dict[str, Any]) -> None:
         with plug(_store_kv_kernel=_store_kv_kernel):
@@ -300,7 +301,7 @@ def check_paged_decode_kernel(_paged_decode_kernel: Any, seeds: Iterable[int] = 
     """Your kernel, launched exactly as mini.attention.triton_paged.paged_decode launches its own."""
     __tracebackhide__ = True
     triton_paged = _require_triton()
-    from mini.labs import plug
+    from labs import plug
 
     def run(batch: dict[str, Any]) -> Any:
         with plug(_paged_decode_kernel=_paged_decode_kernel):
@@ -362,3 +363,12 @@ class _StandInLanguage:
 def stand_in_triton() -> tuple[Any, Any]:
     """(triton, tl) stand-ins for machines without Triton: kernels can be defined, never launched."""
     return _StandInTriton(), _StandInLanguage()
+
+
+PHASE = Phase("07_attention_kernel", (
+    Exercise("online_softmax_update", check_online_softmax_update, points=2, grade_id="test-online-softmax"),
+    Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel", seam="_store_kv_kernel", needs_triton=True),
+    Exercise("store_kv", check_store_kv, points=1, grade_id="test-store-kv", seam="triton_store_kv", needs_triton=True),
+    Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=4, grade_id="test-decode-kernel", seam="_paged_decode_kernel", needs_triton=True),
+    Exercise("paged_decode", check_paged_decode, points=1, grade_id="test-paged-decode", seam="paged_decode", needs_triton=True),
+))

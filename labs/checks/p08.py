@@ -21,6 +21,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
 from mini.sample.logprobs import gather_logprobs as reference_gather_logprobs
 from mini.sample.ops.topk_topp import apply_top_k_top_p as reference_top_k_top_p
 from mini.sample.ops.topk_topp_sampler import random_sample as reference_random_sample
@@ -361,3 +362,11 @@ def check_gather_logprobs(gather_logprobs: Callable, seeds: Iterable[int] = rang
                 hint,
             )
     passed("check_gather_logprobs", len(cases))
+
+
+PHASE = Phase("08_sampler", (
+    Exercise("apply_temperature", check_apply_temperature, points=2, grade_id="test-temperature", seam="apply_temperature"),
+    Exercise("apply_top_k_top_p", check_apply_top_k_top_p, points=4, grade_id="test-top-k-top-p", seam="apply_top_k_top_p"),
+    Exercise("random_sample", check_random_sample, points=3, grade_id="test-random-sample", seam="random_sample"),
+    Exercise("gather_logprobs", check_gather_logprobs, points=3, grade_id="test-gather-logprobs", seam="gather_logprobs"),
+))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.manifest import Exercise, Phase
 from mini.sample.logits_processor.builtin import MinTokensLogitsProcessor as ReferenceMinTokens
 from mini.sample.logits_processor.interface import BatchUpdate, LogitsProcessorConfig, MoveDirectionality
 from mini.sample.logits_processor.state import process_dict_updates as reference_process_dict_updates
@@ -416,3 +417,11 @@ def check_condense(condense: Callable, seeds: Iterable[int] = range(30)) -> None
                 hint,
             )
     passed("check_condense", len(cases))
+
+
+PHASE = Phase("09_logits_processors", (
+    Exercise("apply_all_penalties", check_apply_all_penalties, points=4, grade_id="test-penalties", seam="apply_all_penalties"),
+    Exercise("process_dict_updates", check_process_dict_updates, points=3, grade_id="test-dict-updates", seam="process_dict_updates"),
+    Exercise("MinTokensLogitsProcessor", check_min_tokens_processor, points=4, grade_id="test-min-tokens", seam="MinTokensLogitsProcessor"),
+    Exercise("condense", check_condense, points=3, grade_id="test-condense", seam="condense"),
+))

@@ -4,8 +4,8 @@ Mirrors vllm/v1/attention/selector.py (`get_attn_backend`), shrunk to a name -> 
 backends expose the same three names: `AttentionMetadata`, `store_kv(key, value, kv_cache,
 slot_mapping)` and `paged_attention(query, kv_cache, metadata, scale)`.
 
-The model keeps the backend *module* and looks `store_kv` / `paged_attention` up on it at call time,
-so `mini.labs.plug(...)`, which monkeypatches those module attributes, reaches the running engine.
+Both backends' `store_kv` / `paged_attention` (and the Triton kernels) are seams (mini/seams.py): the
+model calls them by name, so a replacement installed with `mini.seams.override(...)` runs in a live engine.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mini.seams import seam
+from mini.utils import cdiv
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -33,6 +36,7 @@ class AttentionMetadata:
     max_seq_len: int
 
 
+@seam("store_kv")
 def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write each token's key/value into its slot: key/value `[T, Hkv, D]`; slots of -1 are skipped."""
     block_size = kv_cache.shape[2]
@@ -45,17 +49,19 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     kv_cache[1, block_ids, offsets] = value[:num_slots][is_real].to(kv_cache.dtype)
 
 
+@seam("gather_kv")
 def gather_kv(cache_side: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The first `seq_len` tokens of one request, contiguous: `[seq_len, Hkv, D]`.
 
     `cache_side` is `kv_cache[0]` (keys) or `kv_cache[1]` (values): `[num_blocks, block_size, Hkv, D]`.
     """
     block_size = cache_side.shape[1]
-    num_blocks = (seq_len + block_size - 1) // block_size
+    num_blocks = cdiv(seq_len, block_size)
     blocks = cache_side[block_ids[:num_blocks].long()]  # [num_blocks, block_size, Hkv, D]
     return blocks.flatten(0, 1)[:seq_len]
 
 
+@seam("paged_attention")
 def paged_attention(
     query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
 ) -> torch.Tensor:
@@ -123,7 +129,7 @@ def _decode_attention(
     group_size = num_heads // num_kv_heads
     max_seq_len = int(seq_lens.max())
     block_size = kv_cache.shape[2]
-    max_blocks = (max_seq_len + block_size - 1) // block_size
+    max_blocks = cdiv(max_seq_len, block_size)
     blocks = block_table[:, :max_blocks].long()
     # [B, max_blocks, block_size, Hkv, D] -> [B, Hkv, L, D]; positions past seq_len are masked below.
     keys = kv_cache[0][blocks].flatten(1, 2)[:, :max_seq_len].transpose(1, 2).float()

@@ -31,6 +31,7 @@ from mini.attention.triton_utils import (
     unavailable_reason,
     use_interpreter,
 )
+from mini.seams import implementation, register, seam
 
 # Raises ImportError with an explanation on platforms without Triton; sets TRITON_INTERPRET=1 without CUDA.
 triton, tl = import_triton()
@@ -139,6 +140,10 @@ def _paged_decode_kernel(
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
+register("_store_kv_kernel", _store_kv_kernel)
+register("_paged_decode_kernel", _paged_decode_kernel)
+
+
 @triton.jit
 def _paged_prefill_kernel(
     out_ptr, query_ptr, kv_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, scale,
@@ -225,6 +230,7 @@ def _check_kv_cache(kv_cache: torch.Tensor) -> None:
         raise ValueError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
 
 
+@seam("triton_store_kv")
 def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write key/value [T, num_kv_heads, head_size] into kv_cache at slot_mapping[t]; slot -1 is skipped."""
     _check_kv_cache(kv_cache)
@@ -242,7 +248,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         return
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
-    _store_kv_kernel[(num_tokens,)](
+    implementation("_store_kv_kernel")[(num_tokens,)](
         key, value, kv_cache, slot_mapping.contiguous(),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -292,13 +298,14 @@ def _prepare_launch(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atten
     )
 
 
+@seam("paged_decode")
 def paged_decode(
     query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Attention for a batch where every request has exactly one new token (query [B, Hq, D])."""
     launch = _prepare_launch(query, kv_cache, metadata)
     if launch.num_requests > 0:
-        _paged_decode_kernel[(launch.num_requests, launch.num_kv_heads)](
+        implementation("_paged_decode_kernel")[(launch.num_requests, launch.num_kv_heads)](
             *launch.tensors, scale, *launch.strides,
             GROUP_PAD=next_power_of_2(launch.group_size), HEAD_PAD=next_power_of_2(launch.head_size),
             TILE_N=DECODE_TILE_N, num_warps=DECODE_NUM_WARPS,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from mini.attention import reference
+from mini.utils import cdiv
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -32,7 +33,7 @@ def make_decode_batch(num_requests: int, context_len: int, num_heads: int, num_k
                       block_size: int, dtype: torch.dtype, device: str, seed: int = 0):
     """A paged cache with every request at `context_len` tokens, blocks scattered at random."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    blocks_per_request = -(-context_len // block_size)
+    blocks_per_request = cdiv(context_len, block_size)
     num_blocks = num_requests * blocks_per_request + 1  # + the null block 0
     block_ids = list(range(1, num_blocks))
     random.Random(seed).shuffle(block_ids)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from mini.seams import implementation, seam
 
 
 class BlockPool:
@@ -25,7 +26,7 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.free_block_queue: FreeKVCacheBlockQueue = implementation("FreeKVCacheBlockQueue")(self.blocks)
         # The null block is the first one popped, so it is never in the free queue afterwards.
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
@@ -36,11 +37,16 @@ class BlockPool:
         """Blocks that can be handed out now (free, including cached blocks nobody uses)."""
         return self.free_block_queue.num_free_blocks
 
+    def free_block_ids(self) -> list[int]:
+        """The free queue's block ids, head (next to hand out) to tail."""
+        return [block.block_id for block in self.free_block_queue.get_all_free_blocks()]
+
     def get_usage(self) -> float:
         """Fraction of the usable blocks (all but the null block) that are in use."""
         usable = self.num_gpu_blocks - 1
         return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
 
+    @seam("get_new_blocks")
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop `num_blocks` from the head of the free queue, evicting their cached hashes; ref_cnt = 1."""
         if num_blocks > self.get_num_free_blocks():
@@ -63,6 +69,7 @@ class BlockPool:
         block.reset_hash()
         return True
 
+    @seam("free_blocks")
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference of each block; blocks reaching 0 join the free-queue tail in this order.
 

@@ -12,10 +12,8 @@ from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_utils import KVCacheBlock
 from mini.core.request import Request
-
-
-def cdiv(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
+from mini.seams import seam
+from mini.utils import cdiv
 
 
 class KVCacheManager:
@@ -44,9 +42,6 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
 
-    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
-        return list(self.req_to_blocks.get(request_id, []))
-
     def _block_hashes(self, request: Request) -> list[int]:
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
         return kv_cache_utils.hash_request_blocks(request.all_token_ids, self.block_size, hashes)
@@ -69,6 +64,7 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
+    @seam("allocate_slots")
     def allocate_slots(
         self,
         request: Request,

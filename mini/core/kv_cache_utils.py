@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mini.seams import register
+
 
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
@@ -93,6 +95,9 @@ class FreeKVCacheBlockQueue:
             result.append(node)
             node = node.next_free_block
         return result
+
+
+register("FreeKVCacheBlockQueue", FreeKVCacheBlockQueue)
 
 
 def hash_block_tokens(

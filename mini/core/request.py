@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from mini.engine.core_request import EngineCoreRequest
     from mini.sampling_params import SamplingParams
 
 
@@ -90,15 +91,15 @@ class Request:
         self.num_cached_tokens = -1
 
     @classmethod
-    def from_engine_core_request(cls, core_request: Any) -> Request:
-        """Build from the input processor's EngineCoreRequest (read by attribute name)."""
+    def from_engine_core_request(cls, core_request: EngineCoreRequest) -> Request:
+        """Build from the input processor's EngineCoreRequest."""
         return cls(
             request_id=core_request.request_id,
             prompt_token_ids=core_request.prompt_token_ids,
             sampling_params=core_request.sampling_params,
-            eos_token_id=getattr(core_request, "eos_token_id", None),
-            arrival_time=getattr(core_request, "arrival_time", None),
-            priority=getattr(core_request, "priority", 0) or 0,
+            eos_token_id=core_request.eos_token_id,
+            arrival_time=core_request.arrival_time,
+            priority=core_request.priority,
         )
 
     @property

@@ -23,8 +23,3 @@ class EngineCoreRequest:
     eos_token_id: int | None
     arrival_time: float
     priority: int = 0
-
-    @property
-    def params(self) -> SamplingParams:
-        """Alias used by newer vLLM versions (`request.params`)."""
-        return self.sampling_params

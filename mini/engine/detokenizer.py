@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mini.seams import seam
+
 if TYPE_CHECKING:
     from mini.engine.core_request import EngineCoreRequest
 
@@ -34,6 +36,7 @@ INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET = 5
 REPLACEMENT_CHAR = "\ufffd"
 
 
+@seam("detokenize_incrementally")
 def detokenize_incrementally(
     tokenizer: Any, tokens: list[str], prefix_offset: int, read_offset: int
 ) -> tuple[str, int, int]:
@@ -49,6 +52,7 @@ def detokenize_incrementally(
     return new_text[len(prefix_text):], read_offset, len(tokens)
 
 
+@seam("check_stop_strings")
 def check_stop_strings(
     output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
 ) -> tuple[str, int] | None:

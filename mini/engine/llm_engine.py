@@ -14,7 +14,6 @@ ZMQ; mini keeps everything in one process and calls the same pieces in the same 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any
 
@@ -23,14 +22,18 @@ import torch
 from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
+from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.parallel_sampling import ParentRequest
+from mini.model.llama import DecoderConfig
 from mini.model.loader import load_model
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
+from mini.seams import seam
 from mini.tokenizer import load_tokenizer
+from mini.utils import cdiv
 from mini.worker.model_runner import ModelRunner
 
 
@@ -61,6 +64,8 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._pending_outputs: list[RequestOutput] = []
+        # The last step's scheduling decision, for views and tests (vLLM logs it with its stats).
+        self.last_scheduler_output: SchedulerOutput | None = None
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -78,13 +83,13 @@ class LLMEngine:
         return config.max_model_len
 
     @staticmethod
+    @seam("kv_bytes_per_block")
     def kv_bytes_per_block(config: EngineConfig, hf_config: Any) -> int:
         """Bytes one KV block takes across all layers: 2 (K and V) x layers x block_size x kv_heads x head_size."""
-        num_heads = hf_config.num_attention_heads
-        num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
-        head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+        model_config = DecoderConfig.from_hf_config(hf_config)
         element_size = torch.empty((), dtype=config.torch_dtype).element_size()
-        return 2 * hf_config.num_hidden_layers * config.block_size * num_kv_heads * head_size * element_size
+        return (2 * model_config.num_hidden_layers * config.block_size * model_config.num_key_value_heads
+                * model_config.head_dim * element_size)
 
     def _resolve_num_blocks(self, config: EngineConfig, hf_config: Any) -> int:
         """Total KV blocks INCLUDING the null block 0 (vLLM's num_gpu_blocks counts it too)."""
@@ -92,7 +97,7 @@ class LLMEngine:
             return config.num_gpu_blocks_override
         from mini.config import DEFAULT_KV_CACHE_BYTES
 
-        blocks_for_all_seqs = config.max_num_seqs * math.ceil(config.max_model_len / config.block_size)
+        blocks_for_all_seqs = config.max_num_seqs * cdiv(config.max_model_len, config.block_size)
         blocks_in_budget = DEFAULT_KV_CACHE_BYTES // self.kv_bytes_per_block(config, hf_config)
         return max(2, min(blocks_for_all_seqs, blocks_in_budget) + 1)
 
@@ -137,12 +142,14 @@ class LLMEngine:
             self.scheduler.add_request(Request.from_engine_core_request(child))
             self.output_processor.add_request(child, parent, index)
 
+    @seam("step")
     def step(self) -> list[RequestOutput]:
         """One engine iteration: schedule, run the model once, turn its tokens into outputs."""
         outputs, self._pending_outputs = self._pending_outputs, []
         if not self.scheduler.has_unfinished_requests():
             return outputs
         scheduler_output = self.scheduler.schedule()
+        self.last_scheduler_output = scheduler_output
         runner_output = self.model_runner.execute_model(scheduler_output)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         request_outputs, stopped_by_string = self.output_processor.process_outputs(core_outputs)

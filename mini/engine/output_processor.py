@@ -183,7 +183,7 @@ class OutputProcessor:
             finish_reason = finish_reason_str(engine_core_output.finish_reason)
             stop_reason = engine_core_output.stop_reason
             finished_in_core = finish_reason is not None
-            req_state.num_cached_tokens = max(getattr(engine_core_output, "num_cached_tokens", 0) or 0, 0)
+            req_state.num_cached_tokens = engine_core_output.num_cached_tokens
 
             stop_string = req_state.detokenizer.update(new_token_ids, finish_reason == "stop")
             if stop_string is not None:

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from mini.attention import get_attention_backend
 from mini.model.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
+from mini.seams import seam
+
+if TYPE_CHECKING:
+    from mini.attention.reference import AttentionMetadata
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -101,6 +105,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.variance_epsilon)  # the module-level function, looked up per call
 
 
+@seam("rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`x / sqrt(mean(x**2, last dim) + eps) * weight`: the statistics in float32, then back to x's dtype."""
     input_dtype = x.dtype
@@ -148,7 +153,7 @@ class LlamaAttention(nn.Module):
         hidden: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor,
-        attn_metadata: Any,
+        attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         query = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
@@ -158,7 +163,7 @@ class LlamaAttention(nn.Module):
             query, key = self.q_norm(query), self.k_norm(key)
         cos, sin = cos_sin
         query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        # Looked up on the backend module at call time, so mini.labs.plug(...) can swap them.
+        # store_kv / paged_attention are seams (mini/seams.py): a registered replacement runs here.
         self.backend.store_kv(key, value, kv_cache, attn_metadata.slot_mapping)
         out = self.backend.paged_attention(query, kv_cache, attn_metadata, self.scaling)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
@@ -226,7 +231,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
-        attn_metadata: Any,
+        attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Flat batch `input_ids`/`positions` `[T]` -> final hidden states `[T, hidden_size]`."""
         if len(kv_caches) != self.config.num_hidden_layers:

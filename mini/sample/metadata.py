@@ -20,12 +20,11 @@ import torch
 
 from mini.sample.logits_processor import LogitsProcessors, build_logitsprocs
 from mini.sample.logits_processor.interface import BatchUpdate
+from mini.sampling_params import SAMPLING_EPS
 
 if TYPE_CHECKING:
     from mini.sampling_params import SamplingParams
 
-# Below this temperature a row is greedy (vLLM's _SAMPLING_EPS).
-SAMPLING_EPS = 1e-5
 
 
 def make_padded_tensor(rows: Sequence[Sequence[int]], pad: int, device: torch.device | str) -> torch.Tensor:
@@ -138,7 +137,7 @@ class SamplingMetadata:
             output_token_ids=output_token_ids,
             allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab_size, device),
             bad_words_token_ids={row: list(p.bad_words_token_ids) for row, p in enumerate(params)
-                                 if getattr(p, "bad_words_token_ids", None)},
+                                 if p.bad_words_token_ids},
             logitsprocs=logitsprocs,
             num_logprobs=num_logprobs,
         )

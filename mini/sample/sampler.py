@@ -12,9 +12,8 @@ Order of operations (as vLLM's `Sampler.forward` / `Sampler.sample`):
    fused one that only looks at each row's top-k window;
 6. greedy and random rows are merged with one `torch.where`.
 
-The lab-able ops are looked up through their modules at call time (`topk_topp.apply_top_k_top_p`,
-`penalties.apply_all_penalties`, `topk_topp_sampler.random_sample`) so `mini.labs.plug` can swap
-them. The sampler may modify `logits` in place, as vLLM's does.
+`apply_temperature`, `apply_top_k_top_p`, `random_sample`, `apply_all_penalties` and `gather_logprobs`
+are seams (mini/seams.py). The sampler may modify `logits` in place, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -24,13 +23,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mini import seams
 from mini.sample import logprobs as logprobs_ops
 from mini.sample.logprobs import LogprobsTensors
-from mini.sample.metadata import SAMPLING_EPS, SamplingMetadata, make_padded_tensor
+from mini.sample.metadata import SamplingMetadata, make_padded_tensor
 from mini.sample.ops import bad_words as bad_words_ops
 from mini.sample.ops import penalties as penalties_ops
-from mini.sample.ops import topk_topp as topk_topp_ops
 from mini.sample.ops import topk_topp_sampler as sampler_ops
+from mini.sampling_params import SAMPLING_EPS
+from mini.seams import seam
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class SamplerOutput:
     logprobs_tensors: LogprobsTensors | None
 
 
+@seam("apply_temperature")
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor, all_random: bool) -> torch.Tensor:
     """Divide each row by its temperature, in place; greedy rows (temperature ~0) are divided by 1."""
     if not all_random:
@@ -52,15 +54,16 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1).view(-1)
 
 
-_REFERENCE_OPS = (topk_topp_ops.apply_top_k_top_p, sampler_ops.random_sample)
+# The fused path replaces these two steps; it steps aside while either has a replacement installed.
+FUSED_SEAMS = ("apply_top_k_top_p", "random_sample")
 
 
 class Sampler(nn.Module):
     """logits [N, V] + SamplingMetadata -> SamplerOutput.
 
     `use_fused=True` samples truncated rows inside a top-k window (ops/topk_topp_sampler.py
-    `sample_fused`, same distribution); it is used only while the reference `apply_top_k_top_p` and
-    `random_sample` are in place, so a plugged learner function always runs.
+    `sample_fused`, same distribution); it is used only while neither seam it fuses (`FUSED_SEAMS`) has
+    a replacement installed, so a replacement always runs.
     """
 
     def __init__(self, use_fused: bool = True) -> None:
@@ -68,8 +71,7 @@ class Sampler(nn.Module):
         self.use_fused = use_fused
 
     def _fused_allowed(self) -> bool:
-        current = (topk_topp_ops.apply_top_k_top_p, sampler_ops.random_sample)
-        return self.use_fused and all(a is b for a, b in zip(current, _REFERENCE_OPS))
+        return self.use_fused and not any(seams.is_overridden(name) for name in FUSED_SEAMS)
 
     def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != sampling_metadata.num_rows:

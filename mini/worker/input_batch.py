@@ -24,6 +24,8 @@ import torch
 
 from mini.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 from mini.sample.logits_processor.state import BatchUpdateBuilder
+from mini.seams import seam
+from mini.worker.block_table import BlockTable
 
 if TYPE_CHECKING:
     from mini.sampling_params import SamplingParams
@@ -69,6 +71,8 @@ class InputBatch:
         self.requests: list[CachedRequestState | None] = []  # row -> state (None = hole)
         self.req_id_to_index: dict[str, int] = {}
         self.batch_update_builder = batch_update_builder or BatchUpdateBuilder()
+        # Row i's block ids, kept up to date by the model runner (`sync_row`) before each forward.
+        self.block_table = BlockTable(max_num_reqs)
 
     @property
     def num_reqs(self) -> int:
@@ -110,6 +114,7 @@ class InputBatch:
         self.batch_update_builder.removed_append(row)
         return row
 
+    @seam("condense")
     def condense(self) -> None:
         """Fill holes from the end: the highest occupied row moves into the lowest hole, repeatedly."""
         while True:

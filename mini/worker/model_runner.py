@@ -14,24 +14,32 @@ Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import mini.worker.prepare_inputs as batch_inputs
+from mini import seams
 from mini.attention.reference import AttentionMetadata
 from mini.sample.logits_processor import build_logitsprocs
 from mini.sample.logprobs import compute_logprobs, gather_logprobs, logprobs_to_dicts
 from mini.sample.metadata import SamplingMetadata
 from mini.sample.sampler import Sampler
+from mini.seams import seam
 from mini.worker.input_batch import CachedRequestState, InputBatch
 from mini.worker.model_runner_output import ModelRunnerOutput
+
+if TYPE_CHECKING:
+    from mini.config import EngineConfig
+    from mini.core.sched.output import SchedulerOutput
+    from mini.model.llama import LlamaForCausalLM
+    from mini.sampling_params import SamplingParams
 
 
 class ModelRunner:
     """Owns the KV cache tensors, the runner-side request states and the persistent batch."""
 
-    def __init__(self, config: Any, model: torch.nn.Module, hf_config: Any, num_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, hf_config: Any, num_blocks: int) -> None:
         self.config = config
         self.model = model
         self.hf_config = hf_config
@@ -40,11 +48,8 @@ class ModelRunner:
         self.block_size = int(config.block_size)
         self.num_blocks = int(num_blocks)
         self.vocab_size = int(model.config.vocab_size)
-        backend = getattr(config, "attention_backend", None)
-        if hasattr(config, "resolved_attention_backend"):
-            backend = config.resolved_attention_backend()
-        self.attention_backend = backend or "torch"
-        if getattr(model, "attention_backend", None) != self.attention_backend:
+        self.attention_backend = config.resolved_attention_backend()
+        if model.attention_backend != self.attention_backend:
             model.set_attention_backend(self.attention_backend)
 
         shape = model.kv_cache_shape(self.num_blocks, self.block_size)
@@ -54,15 +59,17 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(max_num_reqs=int(config.max_num_seqs))
         self.logitsprocs = build_logitsprocs(
-            getattr(config, "logits_processors", None), self.vocab_size, self.device,
+            config.logits_processors, self.vocab_size, self.device,
             engine_config=config, max_num_reqs=int(config.max_num_seqs),
         )
         self.sampler = Sampler()
+        # The last step's flat batch (views and benchmarks read it); its AttentionMetadata is a view of the
+        # same tensors, rebuilt by `build_attention_metadata` where needed rather than stored twice.
         self.last_inputs: batch_inputs.PreparedInputs | None = None
-        self.last_attn_metadata: AttentionMetadata | None = None
 
     # ------------------------------------------------------------------ 1. request state
-    def update_states(self, scheduler_output: Any) -> None:
+    @seam("update_states")
+    def update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Bring `self.requests` and the persistent batch in line with the scheduler's decisions."""
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
@@ -103,35 +110,46 @@ class ModelRunner:
         self.input_batch.condense()
         self.logitsprocs.update_state(self.input_batch.get_batch_update())
 
-    def _make_generator(self, params: Any) -> torch.Generator | None:
-        if getattr(params, "seed", None) is None:
+    def _make_generator(self, params: SamplingParams) -> torch.Generator | None:
+        if params.seed is None:
             return None
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(params.seed))
         return generator
 
     # ------------------------------------------------------------------ 2. inputs
-    def prepare_inputs(self, scheduler_output: Any) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata]:
-        """Flat tensors for the rows of the batch, in row order, on the device."""
+    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata]:
+        """Flat tensors for the rows of the batch, in row order, on the device.
+
+        The block table is the persistent one (block_table.py): only new block ids are written each step.
+        While phase 02's `prepare_inputs` seam has a replacement installed, that function builds
+        everything from the per-request lists instead (the teaching path; tests hold the two equal).
+        """
         states = self.input_batch.occupied_requests()
         scheduled = [scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
-        inputs = batch_inputs.prepare_inputs(
-            [state.all_token_ids for state in states],
-            [state.num_computed_tokens for state in states],
-            scheduled,
-            [state.block_ids for state in states],
-            self.block_size,
-        ).to(self.device)
-        return inputs, build_attention_metadata(inputs)  # module-level functions: looked up per call
+        computed = [state.num_computed_tokens for state in states]
+        if seams.is_overridden("prepare_inputs"):
+            inputs = batch_inputs.prepare_inputs([state.all_token_ids for state in states], computed, scheduled,
+                                                 [state.block_ids for state in states], self.block_size)
+        else:
+            block_table = self.input_batch.block_table
+            for row, state in enumerate(states):
+                block_table.sync_row(row, state.req_id, state.block_ids)
+            input_ids = [token for state, start, count in zip(states, computed, scheduled)
+                         for token in state.all_token_ids[start: start + count]]
+            inputs = batch_inputs.assemble_inputs(input_ids, computed, scheduled, block_table.get(len(states)),
+                                                  self.block_size)
+        inputs = inputs.to(self.device)
+        return inputs, build_attention_metadata(inputs)
 
     # ------------------------------------------------------------------ 3-5. the step
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: Any) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.update_states(scheduler_output)
         if self.input_batch.num_reqs == 0 or scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
         inputs, metadata = self.prepare_inputs(scheduler_output)
-        self.last_inputs, self.last_attn_metadata = inputs, metadata
+        self.last_inputs = inputs
         hidden, logits = run_model(self.model, self.kv_caches, inputs, metadata)
 
         states = self.input_batch.occupied_requests()
@@ -205,23 +223,25 @@ class ModelRunner:
         return result
 
     # ------------------------------------------------------------------ benchmarking helpers
-    def snapshot_forward_inputs(self) -> dict[str, Any] | None:
+    def snapshot_forward_inputs(self) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata] | None:
         """The last step's forward inputs, kept so `replay_forward` can time the model alone."""
-        if self.last_inputs is None or self.last_attn_metadata is None:
+        if self.last_inputs is None:
             return None
-        return {"inputs": self.last_inputs, "attn_metadata": self.last_attn_metadata}
+        return self.last_inputs, build_attention_metadata(self.last_inputs)
 
     @torch.inference_mode()
-    def replay_forward(self, snapshot: dict[str, Any] | None) -> torch.Tensor | None:
+    def replay_forward(self, snapshot: tuple[batch_inputs.PreparedInputs, AttentionMetadata] | None
+                       ) -> torch.Tensor | None:
         """Forward + logits of a recorded step (writes the same K/V slots again; no sampling)."""
         if snapshot is None:
             return None
-        inputs = snapshot["inputs"]
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, snapshot["attn_metadata"])
+        inputs, metadata = snapshot
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
 
 # ---------------------------------------------------------------------- pure step functions (phase 04)
+@seam("build_attention_metadata")
 def build_attention_metadata(inputs: batch_inputs.PreparedInputs) -> AttentionMetadata:
     """The attention layers' view of the step's flat tensors (same tensors, plus two maxima)."""
     query_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
@@ -236,6 +256,7 @@ def build_attention_metadata(inputs: batch_inputs.PreparedInputs) -> AttentionMe
     )
 
 
+@seam("run_model")
 def run_model(
     model: torch.nn.Module, kv_caches: list[torch.Tensor], inputs: batch_inputs.PreparedInputs,
     metadata: AttentionMetadata,

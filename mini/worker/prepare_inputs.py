@@ -22,6 +22,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from mini.seams import seam
+
 
 @dataclass(slots=True)
 class PreparedInputs:
@@ -51,22 +53,31 @@ class PreparedInputs:
         return PreparedInputs(*(getattr(self, name).to(device) for name in self.keys()))
 
 
+@seam("compute_query_start_loc")
 def compute_query_start_loc(num_scheduled_tokens: Sequence[int]) -> torch.Tensor:
     """int32 `[B + 1]`: 0, then the running total of scheduled tokens (a prefix sum)."""
     counts = torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int32)
     return torch.cat((torch.zeros(1, dtype=torch.int32), counts.cumsum(0).to(torch.int32)))
 
 
+def compute_req_indices(num_scheduled_tokens: Sequence[int]) -> torch.Tensor:
+    """int64 `[T]`: the request (batch row) each flat token belongs to, e.g. [2, 1] -> [0, 0, 1]."""
+    scheduled = torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int64)
+    return torch.repeat_interleave(torch.arange(len(scheduled)), scheduled)
+
+
+@seam("compute_positions")
 def compute_positions(num_computed_tokens: Sequence[int], num_scheduled_tokens: Sequence[int]) -> torch.Tensor:
     """int64 `[T]`: request i contributes positions `num_computed[i] .. num_computed[i] + num_scheduled[i] - 1`."""
     computed = torch.as_tensor(list(num_computed_tokens), dtype=torch.int64)
     scheduled = torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int64)
-    req_indices = torch.repeat_interleave(torch.arange(len(scheduled)), scheduled)  # request of each row
+    req_indices = compute_req_indices(num_scheduled_tokens)
     first_row = torch.cumsum(scheduled, 0) - scheduled  # flat row where each request starts
     offset_in_request = torch.arange(int(scheduled.sum())) - first_row[req_indices]
     return computed[req_indices] + offset_in_request
 
 
+@seam("compute_slot_mapping")
 def compute_slot_mapping(
     block_table: torch.Tensor, req_indices: torch.Tensor, positions: torch.Tensor, block_size: int
 ) -> torch.Tensor:
@@ -79,6 +90,7 @@ def compute_slot_mapping(
     return block_numbers * block_size + positions.long() % block_size
 
 
+@seam("compute_logits_indices")
 def compute_logits_indices(query_start_loc: torch.Tensor) -> torch.Tensor:
     """int64 `[B]`: the flat row of each request's LAST scheduled token, `query_start_loc[1:] - 1`.
 
@@ -95,6 +107,7 @@ def make_block_table(block_ids: Sequence[Sequence[int]]) -> torch.Tensor:
     return torch.tensor(padded, dtype=torch.int32).view(len(block_ids), width)
 
 
+@seam("prepare_inputs")
 def prepare_inputs(
     token_ids: Sequence[Sequence[int]],
     num_computed_tokens: Sequence[int],
@@ -110,11 +123,18 @@ def prepare_inputs(
         for tokens, start, count in zip(token_ids, num_computed_tokens, num_scheduled_tokens)
         for token in tokens[start : start + count]
     ]
+    return assemble_inputs(input_ids, num_computed_tokens, num_scheduled_tokens, make_block_table(block_ids),
+                           block_size)
+
+
+def assemble_inputs(input_ids: Sequence[int], num_computed_tokens: Sequence[int],
+                    num_scheduled_tokens: Sequence[int], block_table: torch.Tensor, block_size: int
+                    ) -> PreparedInputs:
+    """The flat tensors from the flat token ids, per-request counts and a ready `[B, max_blocks]` block table
+    (built from lists by `prepare_inputs`; the model runner passes its persistent one)."""
     query_start_loc = compute_query_start_loc(num_scheduled_tokens)
     positions = compute_positions(num_computed_tokens, num_scheduled_tokens)
-    scheduled = torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int64)
-    req_indices = torch.repeat_interleave(torch.arange(len(scheduled)), scheduled)
-    block_table = make_block_table(block_ids)
+    req_indices = compute_req_indices(num_scheduled_tokens)
     slot_mapping = compute_slot_mapping(block_table, req_indices, positions, block_size)
     seq_lens = torch.as_tensor(
         [start + count for start, count in zip(num_computed_tokens, num_scheduled_tokens)], dtype=torch.int32

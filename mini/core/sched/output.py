@@ -65,10 +65,6 @@ class SchedulerOutput:
     partial_prefill_req_ids: set[str] = field(default_factory=set)
     step: int = 0
 
-    @property
-    def num_scheduled_reqs(self) -> int:
-        return len(self.num_scheduled_tokens)
-
 
 @dataclass(slots=True)
 class EngineCoreOutput:
@@ -83,29 +79,3 @@ class EngineCoreOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-@dataclass(slots=True)
-class SchedulerEvent:
-    """One entry of the optional event log (`Scheduler.record = True`): kind is
-    "schedule" | "alloc" | "preempt" | "finish"."""
-
-    kind: str
-    step: int
-    req_id: str
-    data: Any = None
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """A snapshot of one `schedule()` call for widgets to replay (only when `Scheduler.record`)."""
-
-    step: int
-    num_scheduled_tokens: dict[str, int]
-    partial_prefill_req_ids: set[str]
-    preempted_req_ids: set[str]
-    finished_req_ids: set[str]
-    block_ids: dict[str, list[int]]       # every running request's block table after scheduling
-    num_computed_tokens: dict[str, int]   # before this step
-    free_block_ids: list[int]             # the free queue, head (next to evict) first
-    waiting_req_ids: list[str]

@@ -15,7 +15,7 @@ A chunked prefill is simply a request granted fewer tokens than it wants.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
@@ -24,17 +24,18 @@ from mini.core.sched.output import (
     CachedRequestData,
     EngineCoreOutput,
     NewRequestData,
-    SchedulerEvent,
     SchedulerOutput,
-    StepRecord,
 )
-from mini.core.sched.record import make_step_record
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from mini.metrics.stats import SchedulerStats
+from mini.seams import seam
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
+    from mini.worker.model_runner_output import ModelRunnerOutput
 
 
+@seam("num_tokens_to_schedule")
 def num_tokens_to_schedule(num_tokens: int, num_computed_tokens: int, token_budget: int,
                            long_prefill_token_threshold: int, max_model_len: int) -> int:
     """How many of a request's uncomputed tokens it gets this step (0 if none fit).
@@ -50,6 +51,7 @@ def num_tokens_to_schedule(num_tokens: int, num_computed_tokens: int, token_budg
     return max(0, min(num_new_tokens, max_model_len - num_computed_tokens))
 
 
+@seam("select_preemption_victim")
 def select_preemption_victim(running: list[Request], policy: SchedulingPolicy) -> Request:
     """The running request to preempt when the KV pool is full.
 
@@ -70,8 +72,7 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         self.max_num_running_reqs = config.max_num_seqs
         self.max_num_scheduled_tokens = config.max_num_batched_tokens
-        max_model_len = getattr(config, "max_model_len", None)
-        self.max_model_len = max_model_len if max_model_len is not None else 1 << 62
+        self.max_model_len = config.max_model_len if config.max_model_len is not None else 1 << 62
         # The most tokens one request can ever hold: the whole pool (minus the null block). A
         # request that would outgrow it is finished with "length" instead of waiting forever.
         pool_tokens = (kv_cache_manager.block_pool.num_gpu_blocks - 1) * kv_cache_manager.block_size
@@ -89,10 +90,6 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.step_index = 0
         self.num_preemptions_total = 0
-        # Optional logs for widgets and tests (cheap: nothing is recorded unless record is True).
-        self.record = False
-        self.events: list[SchedulerEvent] = []
-        self.step_records: list[StepRecord] = []
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -124,12 +121,10 @@ class Scheduler:
             self._free_request(request)
 
     def _free_request(self, request: Request) -> None:
-        self._log("free", request.request_id, self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
         self.kv_cache_manager.forget_request(request.request_id)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
-        self._log("finish", request.request_id, request.get_finished_reason())
 
     def has_unfinished_requests(self) -> bool:
         return len(self.running) + len(self.waiting) > 0
@@ -148,7 +143,6 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        self._log("free", request.request_id, self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -156,8 +150,8 @@ class Scheduler:
         self.num_preemptions_total += 1
         self.finished_req_ids.add(request.request_id)
         self.waiting.prepend_request(request)
-        self._log("preempt", request.request_id, request.num_preemptions)
 
+    @seam("schedule")
     def schedule(self) -> SchedulerOutput:
         token_budget = self.max_num_scheduled_tokens
         num_scheduled_tokens: dict[str, int] = {}
@@ -199,8 +193,6 @@ class Scheduler:
             new_block_ids[request.request_id] = [block.block_id for block in new_blocks]
             token_budget -= num_new_tokens
             req_index += 1
-            if new_blocks:
-                self._log("alloc", request.request_id, new_block_ids[request.request_id])
 
         # 2. Waiting requests, only when nobody was preempted this step.
         if not preempted:
@@ -226,7 +218,6 @@ class Scheduler:
                     request.num_cached_tokens = num_hit_tokens
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
-                self._log("alloc", request.request_id, self.kv_cache_manager.get_block_ids(request.request_id))
 
         scheduler_output = self._make_output(scheduled_new, scheduled_running, num_scheduled_tokens,
                                              new_block_ids, preempted)
@@ -251,7 +242,7 @@ class Scheduler:
         )
         partial = {req_id for req_id, n in num_scheduled_tokens.items()
                    if self.requests[req_id].num_computed_tokens + n < self.requests[req_id].num_tokens}
-        output = SchedulerOutput(
+        return SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
             num_scheduled_tokens=num_scheduled_tokens,
@@ -261,21 +252,16 @@ class Scheduler:
             partial_prefill_req_ids=partial,
             step=self.step_index,
         )
-        if self.record:
-            for req_id, num_tokens in num_scheduled_tokens.items():
-                self._log("schedule", req_id, num_tokens)
-            self.step_records.append(make_step_record(self, output))
-        return output
 
     # ------------------------------------------------------------------ results of a step
-    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
                            ) -> list[EngineCoreOutput]:
         """Append sampled tokens, run stop checks, free finished requests at once."""
         outputs: list[EngineCoreOutput] = []
         stopped: set[Request] = set()
         sampled = model_runner_output.sampled_token_ids
-        logprobs = getattr(model_runner_output, "logprobs", None)
-        prompt_logprobs = getattr(model_runner_output, "prompt_logprobs", None) or {}
+        logprobs = model_runner_output.logprobs
+        prompt_logprobs = model_runner_output.prompt_logprobs
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING:
@@ -306,7 +292,24 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped]
         return outputs
 
-    # ------------------------------------------------------------------ optional recording
-    def _log(self, kind: str, req_id: str, data: Any = None) -> None:
-        if self.record:
-            self.events.append(SchedulerEvent(kind, self.step_index, req_id, data))
+    # ------------------------------------------------------------------ statistics
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot for loggers, views and tests (vLLM: `Scheduler.make_stats`)."""
+        manager = self.kv_cache_manager
+        pool = manager.block_pool
+        unfinished = [*self.running, *self.waiting]
+        return SchedulerStats(
+            step=self.step_index,
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=pool.get_usage(),
+            num_preemptions=self.num_preemptions_total,
+            running_req_ids=[r.request_id for r in self.running],
+            waiting_req_ids=[r.request_id for r in self.waiting],
+            block_ids={r.request_id: manager.get_block_ids(r.request_id) for r in unfinished},
+            num_computed_tokens={r.request_id: r.num_computed_tokens for r in unfinished},
+            free_block_ids=pool.free_block_ids(),
+            block_ref_cnts=[block.ref_cnt for block in pool.blocks],
+            num_gpu_blocks=pool.num_gpu_blocks,
+            block_size=manager.block_size,
+        )

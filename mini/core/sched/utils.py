@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from mini.core.request import Request, RequestStatus
+from mini.seams import seam
 
 
+@seam("check_stop")
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Decide whether the token just appended ends the request; set its status (and stop_reason).
 
@@ -12,15 +14,13 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     (max_tokens, max_model_len) always apply, so a request never grows beyond max_model_len.
     """
     params = request.sampling_params
-    if request.num_output_tokens >= (getattr(params, "min_tokens", 0) or 0):
+    if request.num_output_tokens >= params.min_tokens:
         last_token_id = request.output_token_ids[-1]
         eos_token_id = request.eos_token_id
-        if eos_token_id is None:
-            eos_token_id = getattr(params, "eos_token_id", None)
-        if not getattr(params, "ignore_eos", False) and eos_token_id is not None and last_token_id == eos_token_id:
+        if not params.ignore_eos and eos_token_id is not None and last_token_id == eos_token_id:
             request.status = RequestStatus.FINISHED_STOPPED
             return True
-        if last_token_id in (getattr(params, "stop_token_ids", None) or ()):
+        if last_token_id in params.stop_token_ids:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = last_token_id
             return True

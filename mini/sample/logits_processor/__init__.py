@@ -62,7 +62,7 @@ def build_logitsprocs(
     config = LogitsProcessorConfig(vocab_size=vocab_size, max_num_reqs=max_num_reqs,
                                    engine_config=engine_config)
     device = torch.device(device)
-    builtin_classes = builtin.builtin_logits_processors()  # looked up now: a plugged class is used
+    builtin_classes = builtin.builtin_logits_processors()
     classes = list(builtin_classes) + [resolve_logitsproc_class(c) for c in custom_classes or ()]
     return LogitsProcessors.from_processors([cls(config, device, is_pin_memory) for cls in classes])
 

@@ -13,6 +13,7 @@ import torch
 
 from mini.sample.logits_processor.interface import BatchUpdate, LogitsProcessor, LogitsProcessorConfig
 from mini.sample.logits_processor.state import process_dict_updates
+from mini.seams import implementation, register
 
 if TYPE_CHECKING:
     from mini.sampling_params import SamplingParams
@@ -20,12 +21,7 @@ if TYPE_CHECKING:
 
 def stop_token_ids_of(params: SamplingParams) -> set[int]:
     """stop_token_ids plus EOS: what min_tokens must hold back."""
-    all_stop = getattr(params, "all_stop_token_ids", None)
-    if all_stop is not None:
-        return set(all_stop)
-    stop_ids = set(getattr(params, "stop_token_ids", None) or [])
-    eos = getattr(params, "eos_token_id", None)
-    return stop_ids | ({eos} if eos is not None else set())
+    return set(params.all_stop_token_ids)
 
 
 class MinPLogitsProcessor(LogitsProcessor):
@@ -45,7 +41,7 @@ class MinPLogitsProcessor(LogitsProcessor):
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         def new_state(params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> float | None:
-            min_p = float(getattr(params, "min_p", 0.0) or 0.0)
+            min_p = params.min_p
             return min_p if min_p > 0.0 else None
 
         if process_dict_updates(self.min_p_by_row, batch_update, new_state):
@@ -77,7 +73,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         return False
 
     def _new_state(self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> dict | None:
-        logit_bias = getattr(params, "logit_bias", None)
+        logit_bias = params.logit_bias
         if not logit_bias:
             return None
         bad = [t for t in logit_bias if not 0 <= int(t) < self.vocab_size]
@@ -116,7 +112,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
 
     @staticmethod
     def _new_state(params: SamplingParams, prompt_ids: list[int], output_ids: list[int]):
-        min_tokens = int(getattr(params, "min_tokens", 0) or 0)
+        min_tokens = params.min_tokens
         stop_ids = stop_token_ids_of(params)
         if min_tokens > 0 and stop_ids and len(output_ids) < min_tokens:
             return (min_tokens, output_ids, stop_ids)
@@ -143,13 +139,9 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         return logits.index_put_(self._index, torch.tensor(-float("inf"), device=logits.device))
 
 
-BUILTIN_LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (
-    MinPLogitsProcessor,
-    LogitBiasLogitsProcessor,
-    MinTokensLogitsProcessor,
-)
+register("MinTokensLogitsProcessor", MinTokensLogitsProcessor)
 
 
 def builtin_logits_processors() -> tuple[type[LogitsProcessor], ...]:
-    """The built-in classes, read from this module at call time (so `mini.labs.plug` can swap one)."""
-    return (MinPLogitsProcessor, LogitBiasLogitsProcessor, MinTokensLogitsProcessor)
+    """The built-in classes; min-tokens is a seam, so a registered replacement is the one built."""
+    return (MinPLogitsProcessor, LogitBiasLogitsProcessor, implementation("MinTokensLogitsProcessor"))

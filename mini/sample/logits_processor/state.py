@@ -23,6 +23,7 @@ from mini.sample.logits_processor.interface import (
     MovedRequest,
     RemovedRequest,
 )
+from mini.seams import seam
 
 if TYPE_CHECKING:
     from mini.sampling_params import SamplingParams
@@ -120,6 +121,7 @@ class LogitsProcessors:
             processor.update_state(batch_update)
 
 
+@seam("process_dict_updates")
 def process_dict_updates(
     entries: dict[int, StateT],
     batch_update: BatchUpdate | None,

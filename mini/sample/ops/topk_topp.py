@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from mini.seams import seam
+
 
 def _validate(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> None:
     if logits.dim() != 2:
@@ -44,6 +46,7 @@ def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill_(logits < kth_largest, -float("inf"))
 
 
+@seam("apply_top_k_top_p")
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
     """Mask (to -inf) every token outside each row's top-k set and top-p nucleus.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from mini.sample.ops import topk_topp as topk_topp_ops
+from mini.seams import seam
 
 FIRST_WINDOW = 32
 WINDOW_GROWTH = 4
@@ -33,6 +34,7 @@ def exponentials_(out: torch.Tensor, generator: torch.Generator | None = None) -
     return out.uniform_(generator=generator).log_().neg_()
 
 
+@seam("random_sample")
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """argmax(probs / E) per row; rows listed in `generators` draw E with their own generator.
 

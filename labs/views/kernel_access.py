@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mini.viz.colors import FREE_COLOR, NULL_COLOR, request_colors
+from labs.views.colors import FREE_COLOR, NULL_COLOR, request_colors
 
 DECODE_TILE_N = 16  # key/value positions per loop iteration, as in mini/attention/triton_paged.py
 
@@ -139,14 +139,17 @@ def _empty_programs(info: dict[str, Any], query_start_loc: list[int]) -> list[Pr
 
 
 def replay_paged_decode(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any, scale: float, tile_n: int = DECODE_TILE_N
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any, scale: float, tile_n: int = DECODE_TILE_N,
+    update: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, KernelAccess]:
     """The decode kernel, program by program and tile by tile, in PyTorch: (output [B, Hq, D], access).
 
     Same arithmetic as `_paged_decode_kernel`: program (r, h) takes request r's single query token, the
     query heads of KV head h, and for each tile of `tile_n` positions reads keys and values through the
-    block table, then folds them in with `online_softmax_update` (looked up at call time: pluggable).
+    block table, then folds them in with `update` (default: the reference `online_softmax_update`; phase
+    07 passes the learner's).
     """
+    update = online_softmax_update if update is None else update
     info = _shape_info(query, kv_cache, metadata)
     block_size, group = info["block_size"], info["group_size"]
     starts = [int(s) for s in metadata.query_start_loc.tolist()]
@@ -167,7 +170,7 @@ def replay_paged_decode(
             keys = kv_cache[0, block_ids, offsets, kv_head].float().cpu()  # [N, D]
             values = kv_cache[1, block_ids, offsets, kv_head].float().cpu()
             scores = q.cpu() @ keys.T  # [G, N]
-            running_max, running_sum, acc = online_softmax_update(running_max, running_sum, acc, scores, values)
+            running_max, running_sum, acc = update(running_max, running_sum, acc, scores, values)
             program.tiles.append(TileAccess(tile, positions.tolist(), block_ids.tolist(), offsets.tolist()))
         out = acc / torch.where(running_sum > 0, running_sum, torch.ones_like(running_sum))[:, None]
         output[token, program.query_heads] = out.to(query.dtype).to(query.device)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini.viz.colors import FREE_COLOR, request_colors
+from labs.views.colors import FREE_COLOR, request_colors
 
 Rows = list  # list[str | None]: the request id in each row, None = hole
 

@@ -81,9 +81,9 @@ def sampling_pipeline_stages(
     """
     from mini.sample import sampler as sampler_module
     from mini.sample.logits_processor import BatchUpdate, build_logitsprocs
-    from mini.sample.metadata import SAMPLING_EPS
     from mini.sample.ops import penalties as penalties_ops
     from mini.sample.ops import topk_topp as topk_topp_ops
+    from mini.sampling_params import SAMPLING_EPS
 
     row = torch.as_tensor(logits, dtype=torch.float32).reshape(1, -1).clone()
     vocab_size = row.shape[1]

@@ -9,13 +9,13 @@ Each view draws the state of the vLLM module it names:
 - `batch_layout`: the flat batch of one step (vllm/v1/worker/gpu_model_runner.py `_prepare_inputs`).
 """
 
-from mini.viz.attention_mask import (
+from labs.views.attention_mask import (
     AttentionMaskView,
     attention_mask_from_batch,
     attention_mask_view,
     plot_attention_mask,
 )
-from mini.viz.batch_layout import (
+from labs.views.batch_layout import (
     BatchLayout,
     batch_layout,
     batch_layout_from_inputs,
@@ -23,21 +23,21 @@ from mini.viz.batch_layout import (
     plot_batch_layout,
     render_batch_layout_html,
 )
-from mini.viz.block_table import (
+from labs.views.block_table import (
     BlockTableView,
     block_table_view,
     block_table_widget,
     plot_block_table,
     render_block_table_html,
 )
-from mini.viz.kernel_access import (
+from labs.views.kernel_access import (
     KernelAccess,
     kernel_access_widget,
     plot_kernel_access,
     record_paged_decode,
     replay_paged_decode,
 )
-from mini.viz.recording import EngineRecording, KVSnapshot, record_run, snapshot_engine
+from labs.views.recording import EngineRecording, KVSnapshot, record_run, snapshot_engine
 
 __all__ = [
     "AttentionMaskView", "BatchLayout", "BlockTableView", "EngineRecording", "KVSnapshot",
@@ -48,7 +48,7 @@ __all__ = [
 ]
 __all__ += ["KernelAccess", "kernel_access_widget", "plot_kernel_access", "record_paged_decode",
             "replay_paged_decode"]
-from mini.viz.sampling_plots import (
+from labs.views.sampling_plots import (
     PipelineStage,
     chi_square,
     plot_frequencies,
@@ -59,7 +59,7 @@ from mini.viz.sampling_plots import (
 
 __all__ += ["PipelineStage", "chi_square", "plot_frequencies", "plot_sampling_pipeline", "sampled_frequencies",
             "sampling_pipeline_stages"]
-from mini.viz.batch_rows import (
+from labs.views.batch_rows import (
     BatchRowsRecording,
     BatchRowsStep,
     batch_rows_widget,
@@ -73,7 +73,7 @@ from mini.viz.batch_rows import (
 
 __all__ += ["BatchRowsRecording", "BatchRowsStep", "batch_rows_widget", "plot_batch_rows", "record_batch_updates",
             "record_input_batch", "recording_from_updates", "render_batch_rows_html", "replay_batch_update"]
-from mini.viz.scheduler_timeline import (
+from labs.views.scheduler_timeline import (
     SchedulerTimeline,
     TimelineStep,
     plot_batching_comparison,
@@ -85,6 +85,6 @@ from mini.viz.scheduler_timeline import (
 
 __all__ += ["SchedulerTimeline", "TimelineStep", "plot_batching_comparison", "plot_scheduler_timeline",
             "record_timeline", "render_timeline_html", "scheduler_timeline_widget"]
-from mini.viz.detokenizer_stream import DetokStep, detokenizer_stream, render_detokenizer_html
+from labs.views.detokenizer_stream import DetokStep, detokenizer_stream, render_detokenizer_html
 
 __all__ += ["DetokStep", "detokenizer_stream", "render_detokenizer_html"]

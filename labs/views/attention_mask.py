@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mini.viz.colors import request_colors
-from mini.viz.recording import BatchInputs
+from labs.views.colors import request_colors
+from labs.views.recording import BatchInputs
 
 
 @dataclass(slots=True)

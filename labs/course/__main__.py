@@ -1,8 +1,8 @@
 """Mirrors no vllm/v1 file: the course's command line.
 
-    python -m mini.course release [NN_topic ...]  # normalize solutions/, regenerate phases/ with nbgrader
-    python -m mini.course check [NN_topic ...]    # exit 1 and list the files if phases/ drifted
-    python -m mini.course list                    # the phases (assignment ids) found in solutions/
+    python -m labs.course release [NN_topic ...]  # normalize solutions/, regenerate phases/ with nbgrader
+    python -m labs.course check [NN_topic ...]    # exit 1 and list the files if phases/ drifted
+    python -m labs.course list                    # the phases (assignment ids) found in solutions/
 
 With no NN_topic, every phase in solutions/ is processed (and stale phases/ files are deleted).
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mini.course.release import find_drift, list_assignments, release
+from labs.course.release import find_drift, list_assignments, release
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mini.course", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m labs.course", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["release", "check", "list"])
     parser.add_argument("assignment_ids", nargs="*", metavar="NN_topic", help="only these phases")
     args = parser.parse_args(argv)

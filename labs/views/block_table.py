@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mini.viz.colors import FREE_COLOR, NULL_COLOR, SHARED_COLOR, request_colors
-from mini.viz.recording import EngineRecording, KVSnapshot
+from labs.views.colors import FREE_COLOR, NULL_COLOR, SHARED_COLOR, request_colors
+from labs.views.recording import EngineRecording, KVSnapshot
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mini.course.notebook_format import notebook_text, read_notebook, write_normalized
+from labs.course.notebook_format import notebook_text, read_notebook, write_normalized
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENT_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
@@ -35,7 +35,7 @@ class Drift:
             return "phases/ is in sync with solutions/"
         lines = [f"changed: {p}" for p in self.changed]
         lines += [f"missing: {p}" for p in self.missing] + [f"extra:   {p}" for p in self.extra]
-        return "\n".join(lines) + "\nrun `python -m mini.course release` to regenerate phases/"
+        return "\n".join(lines) + "\nrun `python -m labs.course release` to regenerate phases/"
 
 
 def list_assignments(root: Path = REPO_ROOT) -> list[str]:

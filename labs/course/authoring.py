@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import nbformat
 from nbformat import NotebookNode
 
-from mini.course.notebook_format import normalize_notebook
+from labs.course.notebook_format import normalize_notebook
 
 NBGRADER_SCHEMA_VERSION = 3
 

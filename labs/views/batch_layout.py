@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mini.viz.colors import request_colors
-from mini.viz.recording import BatchInputs, EngineRecording
+from labs.views.colors import request_colors
+from labs.views.recording import BatchInputs, EngineRecording
 
 
 @dataclass(slots=True)

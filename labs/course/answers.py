@@ -32,7 +32,7 @@ class AnswerCellError(AssertionError):
     """An exercise whose answer cell raised or did not parse."""
 
 
-# Shown as `NotImplementedYet: ...` (not `mini.course.answers.NotImplementedYet: ...`) in pytest's
+# Shown as `NotImplementedYet: ...` (not `labs.course.answers.NotImplementedYet: ...`) in pytest's
 # one-line failure summary, so a learner reads the message, not our module path.
 NotImplementedYet.__module__ = AnswerCellError.__module__ = "builtins"
 
@@ -111,7 +111,7 @@ def _strip_magics(source: str) -> str:
 
 
 def load_answers(path: str | Path) -> NotebookAnswers:
-    from mini.course.notebook_format import read_notebook  # nbformat is slow to import: only when grading
+    from labs.course.notebook_format import read_notebook  # nbformat is slow to import: only when grading
 
     path = Path(path)
     notebook = read_notebook(path)

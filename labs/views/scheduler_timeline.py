@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini.viz.colors import request_colors
+from labs.views.colors import request_colors
 
 KIND_COLORS = {"prefill": "#4e79a7", "chunk": "#a0cbe8", "decode": "#59a14f"}
 PREEMPT_COLOR = "#e15759"

@@ -1,0 +1,70 @@
+"""One table per phase: what the learner writes, how it is graded, where it plugs into the engine.
+
+Each `labs/checks/pNN.py` ends with a `PHASE = Phase(...)` table. Everything else is generated from it:
+the lab tests (`labs/test_labs.py`, one parametrised test per exercise), the names `labs.plug` accepts,
+and the consistency tests that hold the table, the notebook's nbgrader cells and the engine's seams
+together (tests/test_course_manifest.py). Adding a phase means: the notebook, its checks module with
+its table, and the README's phase map.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Exercise:
+    """One graded exercise of a phase notebook."""
+
+    name: str              # what the answer cell defines (same name as mini's reference, where there is one)
+    check: Callable[..., None]  # check(candidate, seeds=...) -> None, raises AssertionError on a mismatch
+    points: int            # the points of its nbgrader test cell
+    grade_id: str          # the grade id of that test cell
+    seam: str | None = None  # the mini.seams name it replaces inside the engine (None: not pluggable)
+    needs_triton: bool = False  # graded only where Triton runs (Linux x86_64)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A phase notebook (assignment id `NN_topic`) and its exercises, in notebook order."""
+
+    assignment_id: str
+    exercises: tuple[Exercise, ...]
+
+    def exercise(self, name: str) -> Exercise:
+        for exercise in self.exercises:
+            if exercise.name == name:
+                return exercise
+        raise KeyError(f"phase {self.assignment_id} has no exercise {name!r}; "
+                       f"exercises: {[e.name for e in self.exercises]}")
+
+
+def all_phases() -> list[Phase]:
+    """Every phase table found in labs/checks/p*.py, in phase order."""
+    import labs.checks as checks_package
+
+    phases = []
+    for module_info in sorted(pkgutil.iter_modules(checks_package.__path__), key=lambda m: m.name):
+        if module_info.name.startswith("p") and module_info.name[1:].isdigit():
+            module = importlib.import_module(f"labs.checks.{module_info.name}")
+            phase: Any = getattr(module, "PHASE", None)
+            if not isinstance(phase, Phase):
+                raise TypeError(f"labs/checks/{module_info.name}.py must define PHASE = Phase(...)")
+            phases.append(phase)
+    return phases
+
+
+def seam_exercises() -> dict[str, Exercise]:
+    """seam name -> the exercise that replaces it (each seam belongs to exactly one exercise)."""
+    found: dict[str, Exercise] = {}
+    for phase in all_phases():
+        for exercise in phase.exercises:
+            if exercise.seam is not None:
+                if exercise.seam in found:
+                    raise ValueError(f"seam {exercise.seam!r} is claimed by two exercises")
+                found[exercise.seam] = exercise
+    return found

@@ -1,0 +1,1 @@
+"""Engine statistics (mirrors vllm/v1/metrics/)."""
