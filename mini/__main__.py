@@ -1,7 +1,8 @@
-"""The `mini` command line: `python -m mini generate ...` and `python -m mini bench ...`.
+"""The `mini` command line: `python -m mini generate ...`, `python -m mini chat ...`, `python -m mini bench ...`.
 
-Mirrors vllm/entrypoints/cli/main.py (the `vllm` command with its subcommands), reduced to the two
-subcommands a learner needs: generate text from the shipped (or a local) model, and run benchmarks.
+Mirrors vllm/entrypoints/cli/main.py (the `vllm` command with its subcommands), reduced to the three
+subcommands a learner needs: generate text from the shipped (or a local) model, chat with a model
+interactively (mini/entrypoints/chat_cli.py), and run benchmarks.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a completion for one or more prompts")
     gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
-    gen.add_argument("--model", default=None, help="local Hugging Face folder (default: the shipped tiny model)")
+    gen.add_argument("--model", default=None, help="local HF folder, .gguf file or offline hub id such as "
+                     "HuggingFaceTB/SmolLM2-135M-Instruct (default: the shipped tiny model)")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
@@ -40,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--block-size", type=int, default=16)
     gen.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
 
+    sub.add_parser("chat", add_help=False,
+                   help="interactive chat that streams replies: `chat [MODEL] [--help | options]`")
     sub.add_parser("bench", add_help=False,
                    help="benchmarks: `bench [engine|sampler|attention] [--help | options]` (engine by default)")
     return parser
@@ -86,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "bench":
         return run_bench(argv[1:])
+    if argv and argv[0] == "chat":
+        from mini.entrypoints.chat_cli import main as chat_main
+
+        return chat_main(argv[1:])
     args = build_parser().parse_args(argv)
     return run_generate(args)
 

@@ -7,7 +7,6 @@ needs only the fields below, with the same names as vLLM's engine arguments (vll
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,16 +96,12 @@ class EngineConfig:
 
     @property
     def model_dir(self) -> Path:
-        """The local folder the weights come from (the shipped tiny model when `model` is None)."""
-        if self.model is None:
-            return SHIPPED_MODEL_DIR
-        path = Path(os.path.expanduser(str(self.model)))
-        if not path.is_dir():
-            raise ValueError(
-                f"model must be None (the shipped model) or a local Hugging Face folder; "
-                f"{str(self.model)!r} is not a directory (mini never downloads weights)"
-            )
-        return path
+        """The local folder the weights come from: the shipped tiny model when `model` is None, a local HF
+        folder, or the cached conversion of a .gguf file or of a hub id available offline
+        (mini/model/registry.py; a GGUF is converted once, on first use)."""
+        from mini.model.registry import resolve_model_dir
+
+        return resolve_model_dir(self.model)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -1,12 +1,28 @@
-"""Mirrors no vllm/v1 file: the course's views (plain-data models, ipywidgets, static matplotlib).
+"""The course's views: plain-data models, ipywidgets and static matplotlib figures of a running engine.
 
-Each view draws the state of the vLLM module it names:
+Mirrors no vllm/v1 file: this package is course code beside the engine (`mini/` never imports it). Each
+view draws the state of the vLLM module it names, but reads a live engine ONLY through its public,
+documented surface (mini/README.md, "Internal interfaces"), never by monkeypatching and never deeper:
+
+- `llm.llm_engine` (an `LLMEngine`): `add_request`, `step()`, `has_unfinished_requests()`, `config`, and
+  `last_scheduler_output` (the `SchedulerOutput` of the latest step: what ran, how much, who was preempted);
+- `engine.scheduler.make_stats()` -> `SchedulerStats` (mini/metrics/stats.py): running / waiting ids, each
+  request's block ids and progress, the free-block queue in order, ref counts, pool size, block size; plus
+  `engine.scheduler.max_num_scheduled_tokens` and `max_num_running_reqs`;
+- `engine.model_runner.last_inputs` (the step's `PreparedInputs`) and `engine.model_runner.input_batch`
+  (the persistent batch's rows: `occupied_requests()`).
+
+`tests/test_views_surface.py` scans these modules and fails on anything else. The views:
 
 - `recording`: `record_run(llm, prompts, params)` steps a real engine and snapshots the KV state;
 - `block_table`: KV pool grid, block tables, ref counts, free queue (vllm/v1/core/block_pool.py);
 - `attention_mask`: which cache slots each query token reads (vllm/v1/attention/backends/flash_attn.py);
 - `kernel_access`: which decode-kernel program reads which KV slots (mini/attention/triton_paged.py);
-- `batch_layout`: the flat batch of one step (vllm/v1/worker/gpu_model_runner.py `_prepare_inputs`).
+- `batch_layout`: the flat batch of one step (vllm/v1/worker/gpu_model_runner.py `_prepare_inputs`);
+- `batch_rows`: the persistent batch's rows under each BatchUpdate (vllm/v1/worker/gpu_input_batch.py);
+- `scheduler_timeline`: steps x requests, continuous vs static batching (vllm/v1/core/sched/scheduler.py);
+- `sampling_plots`: the sampler's stages and sampled frequencies (vllm/v1/sample/sampler.py);
+- `detokenizer_stream`: incremental detokenization, step by step (vllm/v1/engine/detokenizer.py).
 """
 
 from labs.views.attention_mask import (

@@ -4,7 +4,8 @@ Mirrors no single vllm/v1 file; it draws what vllm/v1/worker/gpu_input_batch.py 
 mini/worker/input_batch.py) tells the logits processors through a `BatchUpdate`
 (vllm/v1/sample/logits_processor/interface.py), applied in the order removes -> adds -> moves.
 
-- `record_batch_updates(llm, arrivals)`: step a real engine, keeping each step's BatchUpdate and the rows;
+- `record_batch_updates(llm, arrivals)`: step a real engine, rebuild each step's BatchUpdate from its
+  `engine.last_scheduler_output` and check it against the rows of `engine.model_runner.input_batch`;
 - `record_input_batch(steps)`: the same from an `InputBatch` driven directly (finished / new / swaps);
 - `recording_from_updates(rows, updates)`: hand-written BatchUpdates (e.g. with attention-backend swaps);
 - `replay_batch_update(rows, update, added_ids)` -> `BatchRowsStep`: plain data (unit-tested), every
@@ -167,51 +168,61 @@ def _added_ids(update: Any, requests: Sequence[Any]) -> list[str]:
     return [by_output.get(id(output), "?") for *_, output in (update.added if update is not None else [])]
 
 
+def _row_state(req_id: str, sampling_params: Any) -> Any:
+    """A stand-in request state for a view's own InputBatch: only its id and its own output list matter
+    (a BatchUpdate's added entries carry that list, which names the request: `_added_ids`)."""
+    from mini.worker.input_batch import CachedRequestState
+
+    return CachedRequestState(
+        req_id=req_id,
+        prompt_token_ids=[0],
+        output_token_ids=[],
+        sampling_params=sampling_params,
+        generator=None,
+        block_ids=[],
+        num_computed_tokens=0,
+    )
+
+
 def record_batch_updates(
     llm: Any, arrivals: Sequence[tuple[int, Any, Any]], max_steps: int = 200
 ) -> BatchRowsRecording:
     """Step `llm`'s engine; `arrivals[i] = (step, prompt, params)` adds request "r{i}" before that step.
 
-    Each engine step's BatchUpdate is caught where the runner asks its InputBatch for it
-    (`input_batch.get_batch_update`), with the rows as the InputBatch holds them right after.
+    Each step's BatchUpdate is the one the runner's persistent batch handed its logits processors
+    (`model_runner.input_batch.last_batch_update`); the added rows are named by matching each added
+    entry's live prompt list with the request states now in the batch.
     """
     engine = llm.llm_engine
-    runner = engine.model_runner
-    batch = runner.input_batch
+    input_batch = engine.model_runner.input_batch
     request_ids = [f"r{index}" for index in range(len(arrivals))]
-    caught: list[tuple[Any, Rows, list[str]]] = []
-    original = batch.get_batch_update
-
-    def get_batch_update() -> Any:
-        update = original()
-        caught.append((update, list(batch.req_ids), _added_ids(update, list(runner.requests.values()))))
-        return update
-
     steps: list[BatchRowsStep] = []
-    rows: Rows = []
-    batch.get_batch_update = get_batch_update
-    try:
-        for step in range(max_steps):
-            for (arrival, prompt, params), req_id in zip(arrivals, request_ids):
-                if arrival == step:
-                    engine.add_request(req_id, prompt, params)
-            if not engine.has_unfinished_requests():
-                if all(arrival <= step for arrival, *_ in arrivals):
-                    break
-                continue
-            caught.clear()
-            engine.step()
-            for update, after, added_ids in caught:
-                replayed = replay_batch_update(rows, update, added_ids, step=step)
-                if replayed.after != _trim(after):
-                    raise RuntimeError(
-                        f"step {step}: replaying the BatchUpdate gives rows {replayed.after}, "
-                        f"but the InputBatch holds {after}"
-                    )
-                steps.append(replayed)
-                rows = _trim(after)
-    finally:
-        del batch.get_batch_update  # back to the class's method
+    rows: Rows = [state.req_id for state in input_batch.occupied_requests()]
+    for step in range(max_steps):
+        for (arrival, prompt, params), req_id in zip(arrivals, request_ids):
+            if arrival == step:
+                engine.add_request(req_id, prompt, params)
+        if not engine.has_unfinished_requests():
+            if all(arrival <= step for arrival, *_ in arrivals):
+                break
+            continue
+        previous_output = engine.last_scheduler_output
+        engine.step()
+        if engine.last_scheduler_output is previous_output:  # nothing was scheduled: the runner did not run
+            continue
+        states = input_batch.occupied_requests()
+        update = input_batch.last_batch_update
+        by_prompt = {id(state.prompt_token_ids): state.req_id for state in states}
+        added_ids = [by_prompt[id(prompt_ids)] for _, _, prompt_ids, _ in update.added] if update else []
+        after = [state.req_id for state in states]
+        replayed = replay_batch_update(rows, update, added_ids, step=step)
+        if replayed.after != after:
+            raise RuntimeError(
+                f"step {step}: replaying the BatchUpdate gives rows {replayed.after}, "
+                f"but the InputBatch holds {after}"
+            )
+        steps.append(replayed)
+        rows = after
     return BatchRowsRecording(steps, request_ids)
 
 
@@ -225,7 +236,7 @@ def record_input_batch(
     `swaps[i]` lists row pairs to exchange after step i's condense (needs `InputBatch.swap_states`).
     """
     from mini.sampling_params import SamplingParams
-    from mini.worker.input_batch import CachedRequestState, InputBatch
+    from mini.worker.input_batch import InputBatch
 
     batch = InputBatch(max_num_reqs=max_num_reqs)
     recorded: list[BatchRowsStep] = []
@@ -234,18 +245,7 @@ def record_input_batch(
     for index, (finished, new) in enumerate(steps):
         for req_id in finished:
             batch.remove_request(req_id)
-        states = [
-            CachedRequestState(
-                req_id=req_id,
-                prompt_token_ids=[0],
-                output_token_ids=[],
-                sampling_params=SamplingParams(),
-                generator=None,
-                block_ids=[],
-                num_computed_tokens=0,
-            )
-            for req_id in new
-        ]
+        states = [_row_state(req_id, SamplingParams()) for req_id in new]
         request_ids += list(new)
         for state in states:
             batch.add_request(state)

@@ -1,8 +1,10 @@
-"""Mirrors no single vllm/v1 file: it records a real mini engine run, step by step, as plain data.
+"""Mirrors no vllm/v1 file: it records a real mini engine run, step by step, as plain data.
 
-It reads the state that vllm/v1/core/block_pool.py (ref counts,
-free-block queue), vllm/v1/core/kv_cache_manager.py (block tables) and vllm/v1/core/sched/scheduler.py
-(running/waiting, preemptions) keep, after every `LLMEngine.step()`.
+After every `LLMEngine.step()` it reads the engine's public surface only: `scheduler.make_stats()` (a
+`SchedulerStats`, mini/metrics/stats.py: the block tables, ref counts and free queue that
+vllm/v1/core/block_pool.py and kv_cache_manager.py keep, running/waiting), `engine.last_scheduler_output`
+(what the step scheduled, who it preempted) and `model_runner.last_inputs` / `model_runner.input_batch`
+(the step's flat batch and its rows).
 
     recording = record_run(llm, ["Hello", "The cat"], SamplingParams(temperature=0.0, max_tokens=6))
     recording.snapshots[3].block_tables   # {"r0": [1, 2], "r1": [3]}
@@ -70,54 +72,53 @@ def _tensor_list(value: Any) -> list:
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
-def batch_from_runner(engine: Any, scheduled_req_ids: Sequence[str]) -> BatchInputs | None:
-    """The runner's last step inputs (`model_runner.last_inputs`), if it keeps them."""
-    inputs = getattr(getattr(engine, "model_runner", None), "last_inputs", None)
+_BATCH_FIELDS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_table")
+
+
+def batch_from_runner(engine: Any, scheduled_req_ids: Sequence[str] = ()) -> BatchInputs | None:
+    """The flat batch of the last step: `model_runner.last_inputs`, its rows named by the InputBatch.
+
+    `scheduled_req_ids` is not needed any more (the InputBatch always names the rows); it is accepted
+    so that older callers keep working.
+    """
+    del scheduled_req_ids
+    runner = engine.model_runner
+    inputs = runner.last_inputs
     if inputs is None:
         return None
-    input_batch = getattr(engine.model_runner, "input_batch", None)
-    if input_batch is not None and hasattr(input_batch, "occupied_requests"):
-        req_ids = [state.req_id for state in input_batch.occupied_requests()]  # the rows, in order
-    else:
-        req_ids = list(scheduled_req_ids)
-    return BatchInputs(
-        req_ids=req_ids[: len(_tensor_list(inputs["seq_lens"]))],
-        **{
-            name: _tensor_list(inputs[name])
-            for name in (
-                "input_ids",
-                "positions",
-                "slot_mapping",
-                "query_start_loc",
-                "seq_lens",
-                "block_table",
-            )
-        },
-    )
+    req_ids = [state.req_id for state in runner.input_batch.occupied_requests()]  # the rows, in order
+    fields = {name: _tensor_list(inputs[name]) for name in _BATCH_FIELDS}
+    return BatchInputs(req_ids=req_ids[: len(fields["seq_lens"])], **fields)
 
 
 def snapshot_engine(engine: Any, step: int, scheduler_output: Any = None) -> KVSnapshot:
-    """Read the scheduler, KV cache manager and block pool of `engine` (an LLMEngine) now."""
-    scheduler = engine.scheduler
-    manager = scheduler.kv_cache_manager
-    pool = manager.block_pool
-    live = [r for r in scheduler.requests.values() if not r.is_finished()]
-    block_tables = {r.request_id: manager.get_block_ids(r.request_id) for r in live}
-    scheduled = dict(getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
+    """The KV state of `engine` (an LLMEngine) now, from `engine.scheduler.make_stats()`.
+
+    `scheduler_output` (the `SchedulerOutput` of the step just run, e.g. `engine.last_scheduler_output`)
+    adds what that step computed, who it preempted and its flat batch; None (step 0) leaves them empty.
+    """
+    stats = engine.scheduler.make_stats()
+    scheduled = {} if scheduler_output is None else dict(scheduler_output.num_scheduled_tokens)
     return KVSnapshot(
         step=step,
-        block_size=manager.block_size,
-        num_blocks=pool.num_gpu_blocks,
-        ref_cnts=[block.ref_cnt for block in pool.blocks],
-        free_queue=[block.block_id for block in pool.free_block_queue.get_all_free_blocks()],
-        block_tables={req_id: ids for req_id, ids in block_tables.items() if ids},
-        num_computed_tokens={r.request_id: r.num_computed_tokens for r in live},
-        running=[r.request_id for r in scheduler.running],
-        waiting=[r.request_id for r in scheduler.waiting],
+        block_size=stats.block_size,
+        num_blocks=stats.num_gpu_blocks,
+        ref_cnts=list(stats.block_ref_cnts),
+        free_queue=list(stats.free_block_ids),
+        block_tables={req_id: list(ids) for req_id, ids in stats.block_ids.items() if ids},
+        num_computed_tokens=dict(stats.num_computed_tokens),
+        running=list(stats.running_req_ids),
+        waiting=list(stats.waiting_req_ids),
         num_scheduled_tokens=scheduled,
-        preempted=sorted(getattr(scheduler_output, "preempted_req_ids", set()) or set()),
-        batch=batch_from_runner(engine, list(scheduled)) if scheduler_output is not None else None,
+        preempted=[] if scheduler_output is None else sorted(scheduler_output.preempted_req_ids),
+        batch=None if scheduler_output is None else batch_from_runner(engine),
     )
+
+
+def _in_order(mapping: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
+    """`mapping` with the ids of `order` first, in that order; any other id after them, as it was."""
+    rank = {req_id: index for index, req_id in enumerate(order)}
+    return dict(sorted(mapping.items(), key=lambda item: rank.get(item[0], len(rank))))
 
 
 def describe_changes(before: KVSnapshot, after: KVSnapshot) -> list[str]:
@@ -134,6 +135,12 @@ def describe_changes(before: KVSnapshot, after: KVSnapshot) -> list[str]:
     return events
 
 
+def _order_by_arrival(snapshot: KVSnapshot, request_ids: Sequence[str]) -> None:
+    """List the block tables in the order the requests were added (the stats list running, then waiting)."""
+    snapshot.block_tables = _in_order(snapshot.block_tables, request_ids)
+    snapshot.num_computed_tokens = _in_order(snapshot.num_computed_tokens, request_ids)
+
+
 def record_run(
     llm: Any,
     prompts: Sequence[Any],
@@ -146,43 +153,30 @@ def record_run(
     `on_step(engine, snapshot)` is called right after each snapshot (tests compare it with the engine).
     """
     engine = llm.llm_engine
-    scheduler = engine.scheduler
     request_ids = [f"r{index}" for index in range(len(prompts))]
     for req_id, prompt in zip(request_ids, prompts):
         engine.add_request(req_id, prompt, params)
-    captured: list[Any] = []
-    original_schedule = scheduler.schedule
-    had_own_schedule = "schedule" in vars(scheduler)
-
-    def schedule_and_capture() -> Any:
-        output = original_schedule()
-        captured.append(output)
-        return output
-
     output_token_ids: dict[str, list[int]] = {}
     snapshots = [snapshot_engine(engine, 0)]
+    _order_by_arrival(snapshots[0], request_ids)
     if on_step is not None:
         on_step(engine, snapshots[0])
-    scheduler.schedule = schedule_and_capture
-    try:
-        for step in range(1, max_steps + 1):
-            if not engine.has_unfinished_requests():
-                break
-            captured.clear()
-            outputs = engine.step()
-            snapshot = snapshot_engine(engine, step, captured[-1] if captured else None)
-            snapshot.finished = [out.request_id for out in outputs if out.finished]
-            output_token_ids.update(
-                {out.request_id: list(out.outputs[0].token_ids) for out in outputs if out.finished}
-            )
-            snapshot.events = describe_changes(snapshots[-1], snapshot)
-            snapshot.events += [f"finish {req_id}" for req_id in snapshot.finished]
-            snapshots.append(snapshot)
-            if on_step is not None:
-                on_step(engine, snapshot)
-    finally:
-        if had_own_schedule:
-            scheduler.schedule = original_schedule
-        else:
-            del scheduler.schedule  # drop the instance attribute: the class method is back
+    for step in range(1, max_steps + 1):
+        if not engine.has_unfinished_requests():
+            break
+        previous_output = engine.last_scheduler_output
+        outputs = engine.step()
+        # step() only schedules while the scheduler has work: a new SchedulerOutput means it did.
+        scheduler_output = engine.last_scheduler_output
+        snapshot = snapshot_engine(engine, step, None if scheduler_output is previous_output else scheduler_output)
+        _order_by_arrival(snapshot, request_ids)
+        snapshot.finished = [out.request_id for out in outputs if out.finished]
+        output_token_ids.update(
+            {out.request_id: list(out.outputs[0].token_ids) for out in outputs if out.finished}
+        )
+        snapshot.events = describe_changes(snapshots[-1], snapshot)
+        snapshot.events += [f"finish {req_id}" for req_id in snapshot.finished]
+        snapshots.append(snapshot)
+        if on_step is not None:
+            on_step(engine, snapshot)
     return EngineRecording(snapshots=snapshots, request_ids=request_ids, output_token_ids=output_token_ids)

@@ -96,8 +96,8 @@ def sampling_pipeline_stages(
     )
     for processor in processors.non_argmax_invariant:
         row = processor.apply(row)
-    bias = getattr(params, "logit_bias", None) or {}
-    min_tokens = int(getattr(params, "min_tokens", 0) or 0)
+    bias = params.logit_bias or {}
+    min_tokens = int(params.min_tokens)
     stages.append(_stage(STAGE_NAMES[1], f"bias on {len(bias)} token(s), min_tokens={min_tokens}", row))
 
     repetition = float(params.repetition_penalty)
@@ -124,7 +124,7 @@ def sampling_pipeline_stages(
 
     for processor in processors.argmax_invariant:
         row = processor.apply(row)
-    stages.append(_stage(STAGE_NAMES[4], f"min_p={float(getattr(params, 'min_p', 0.0)):g}", row))
+    stages.append(_stage(STAGE_NAMES[4], f"min_p={float(params.min_p):g}", row))
 
     top_k, top_p = int(params.top_k), float(params.top_p)
     k = torch.tensor([top_k]) if 0 < top_k < vocab_size else None

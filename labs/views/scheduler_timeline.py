@@ -39,8 +39,8 @@ class TimelineStep:
     num_computed_before: dict[str, int]  # request id -> tokens in the KV cache before this step
     preempted: list[str]  # preempted during this schedule() (their KV blocks were freed)
     finished: list[str]  # finished by this step's outputs
-    running: list[str]  # scheduler.running after the step
-    waiting: list[str]  # scheduler.waiting after the step (preempted requests are back here)
+    running: list[str]  # running requests after the step (SchedulerStats.running_req_ids)
+    waiting: list[str]  # waiting requests after the step (preempted ones are back here)
     not_submitted: list[str]  # requests the driver has not given to the engine yet (static batching)
     num_free_blocks: int  # free KV blocks after the step
 
@@ -98,14 +98,50 @@ class SchedulerTimeline:
         return {req_id: step.step for step in self.steps for req_id in step.finished}
 
 
-def _kind(num_computed_before: int, num_scheduled: int, num_tokens: int, num_prompt_tokens: int) -> str:
-    if (
-        num_scheduled == 1
-        and num_computed_before == num_tokens - 1
-        and num_computed_before >= num_prompt_tokens
-    ):
-        return "decode"
-    return "prefill" if num_computed_before + num_scheduled >= num_tokens else "chunk"
+def _kind(num_computed_before: int, num_scheduled: int, partial: bool, num_prompt_tokens: int) -> str:
+    """What one step did for one request, from its SchedulerOutput.
+
+    "chunk": the step leaves part of the request's tokens for later (`partial_prefill_req_ids`). Otherwise
+    it computes every token the request lacked: one token past the prompt is a "decode", anything else a
+    "prefill" (a whole prompt, the last chunk of one, or a preempted request's recompute).
+    """
+    if partial:
+        return "chunk"
+    return "decode" if num_scheduled == 1 and num_computed_before >= num_prompt_tokens else "prefill"
+
+
+def _computed_before(output: Any) -> dict[str, int]:
+    """Request id -> tokens in its KV cache before the step (the SchedulerOutput carries the old count)."""
+    before = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
+    cached = output.scheduled_cached_reqs
+    before.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return before
+
+
+def _timeline_step(
+    output: Any, prompt_lens: dict[str, int], step_index: int, outputs: Sequence[Any], stats: Any,
+    not_submitted: list[str],
+) -> TimelineStep:
+    """One step from its SchedulerOutput, the step's RequestOutputs and the SchedulerStats after it."""
+    for new in output.scheduled_new_reqs:  # every request is sent in full the first time it runs
+        prompt_lens[new.req_id] = len(new.prompt_token_ids)
+    before = _computed_before(output)
+    kinds = {
+        req_id: _kind(before[req_id], num_scheduled, req_id in output.partial_prefill_req_ids, prompt_lens[req_id])
+        for req_id, num_scheduled in output.num_scheduled_tokens.items()
+    }
+    return TimelineStep(
+        step=step_index,
+        num_scheduled_tokens=dict(output.num_scheduled_tokens),
+        kinds=kinds,
+        num_computed_before={req_id: before[req_id] for req_id in output.num_scheduled_tokens},
+        preempted=sorted(output.preempted_req_ids),
+        finished=[out.request_id for out in outputs if out.finished],
+        running=list(stats.running_req_ids),
+        waiting=list(stats.waiting_req_ids),
+        not_submitted=not_submitted,
+        num_free_blocks=len(stats.free_block_ids),
+    )
 
 
 def record_timeline(
@@ -123,6 +159,9 @@ def record_timeline(
     added up front and the scheduler admits them as room appears. `static_batch_size=B`: B requests at a
     time, the next B only once the engine is empty. `on_step(engine, step)` runs after each recorded
     step (tests compare the record with the engine there).
+
+    Each step is read from `engine.last_scheduler_output` (what `schedule()` decided) and
+    `engine.scheduler.make_stats()` right after the step (who runs and waits, the free blocks).
     """
     engine = llm.llm_engine
     scheduler = engine.scheduler
@@ -140,58 +179,26 @@ def record_timeline(
         request_ids=request_ids,
         token_budget=scheduler.max_num_scheduled_tokens,
         max_num_seqs=scheduler.max_num_running_reqs,
-        num_gpu_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
+        num_gpu_blocks=scheduler.make_stats().num_gpu_blocks,
     )
-    captured: list[tuple[Any, dict[str, tuple[int, int, int]]]] = []
-    original_schedule = scheduler.schedule
-
-    def schedule_and_capture() -> Any:
-        output = original_schedule()
-        info = {}
-        for req_id, num_scheduled in output.num_scheduled_tokens.items():
-            request = scheduler.requests[req_id]  # num_computed_tokens is already advanced by schedule()
-            info[req_id] = (
-                request.num_computed_tokens - num_scheduled,
-                request.num_tokens,
-                request.num_prompt_tokens,
-            )
-        captured.append((output, info))
-        return output
-
-    scheduler.schedule = schedule_and_capture
-    try:
-        for step_index in range(1, max_steps + 1):
-            if not engine.has_unfinished_requests():
-                if not pending:
-                    break
-                for req_id, prompt, request_params in pending[:batch_size]:
-                    engine.add_request(req_id, prompt, request_params)
-                pending = pending[batch_size:]
-            captured.clear()
-            outputs = engine.step()
-            if not captured:
-                continue
-            output, info = captured[-1]
-            step = TimelineStep(
-                step=step_index,
-                num_scheduled_tokens=dict(output.num_scheduled_tokens),
-                kinds={
-                    req_id: _kind(info[req_id][0], n, info[req_id][1], info[req_id][2])
-                    for req_id, n in output.num_scheduled_tokens.items()
-                },
-                num_computed_before={req_id: values[0] for req_id, values in info.items()},
-                preempted=sorted(output.preempted_req_ids),
-                finished=[out.request_id for out in outputs if out.finished],
-                running=[r.request_id for r in scheduler.running],
-                waiting=[r.request_id for r in scheduler.waiting],
-                not_submitted=[req_id for req_id, _, _ in pending],
-                num_free_blocks=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
-            )
-            timeline.steps.append(step)
-            if on_step is not None:
-                on_step(engine, step)
-    finally:
-        del scheduler.schedule  # drop the instance attribute: the class method is back
+    prompt_lens: dict[str, int] = {}
+    for step_index in range(1, max_steps + 1):
+        if not engine.has_unfinished_requests():
+            if not pending:
+                break
+            for req_id, prompt, request_params in pending[:batch_size]:
+                engine.add_request(req_id, prompt, request_params)
+            pending = pending[batch_size:]
+        previous_output = engine.last_scheduler_output
+        outputs = engine.step()
+        output = engine.last_scheduler_output
+        if output is previous_output:  # nothing was scheduled (only finished outputs were handed out)
+            continue
+        step = _timeline_step(output, prompt_lens, step_index, outputs, scheduler.make_stats(),
+                              not_submitted=[req_id for req_id, _, _ in pending])
+        timeline.steps.append(step)
+        if on_step is not None:
+            on_step(engine, step)
     return timeline
 
 

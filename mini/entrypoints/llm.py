@@ -1,7 +1,8 @@
 """`LLM`: offline batched generation, the class most people meet first.
 
 Mirrors vllm/entrypoints/llm.py. Like vLLM's, `generate()` adds every prompt to the engine, then steps
-the engine until all of them finish, and returns the outputs in prompt order. The constructor takes
+the engine until all of them finish, and returns the outputs in prompt order; `chat()` renders
+conversations with the chat template first (mini/entrypoints/chat_utils.py), then generates. The constructor takes
 the same keyword names as vLLM's engine arguments (the subset mini implements).
 """
 
@@ -15,6 +16,12 @@ from tqdm.auto import tqdm
 
 from mini.config import EngineConfig
 from mini.engine.llm_engine import LLMEngine
+from mini.entrypoints.chat_utils import (
+    Conversation,
+    apply_chat_template,
+    is_single_conversation,
+    normalize_conversation,
+)
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
 
@@ -100,6 +107,42 @@ class LLM:
             engine.add_request(request_id, prompt, params, priority=prio)
             request_ids.append(request_id)
         return self._run_engine(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation or to a list of conversations (vLLM's LLM.chat).
+
+        Each conversation is a list of `{"role": ..., "content": ...}` messages, rendered with the
+        tokenizer's chat template (or `chat_template`; a tokenizer without one gets the fallback in
+        mini/entrypoints/chat_utils.py) and tokenized without adding special tokens again: the template
+        already wrote them. One RequestOutput per conversation, in order; `.prompt` is the rendered text.
+        """
+        tokenizer = self.get_tokenizer()
+        if is_single_conversation(messages):
+            conversations = [normalize_conversation(messages)]
+        elif isinstance(messages, Sequence) and not isinstance(messages, str) and len(messages) > 0:
+            conversations = [normalize_conversation(conv, index) for index, conv in enumerate(messages)]
+        else:
+            raise TypeError("messages must be a list of {'role', 'content'} dicts (one conversation) "
+                            f"or a non-empty list of such lists, got {messages!r}")
+        prompts: list[PromptType] = []
+        for conversation in conversations:
+            text = apply_chat_template(
+                tokenizer, conversation, chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

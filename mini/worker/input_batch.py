@@ -73,6 +73,8 @@ class InputBatch:
         self.batch_update_builder = batch_update_builder or BatchUpdateBuilder()
         # Row i's block ids, kept up to date by the model runner (`sync_row`) before each forward.
         self.block_table = BlockTable(max_num_reqs)
+        # What the last `get_batch_update()` handed to the logits processors (views replay it).
+        self.last_batch_update: BatchUpdate | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -134,7 +136,8 @@ class InputBatch:
 
     def get_batch_update(self) -> BatchUpdate | None:
         """This step's changes for the logits processors (None if none), then start recording afresh."""
-        return self.batch_update_builder.get_and_reset(self.num_reqs)
+        self.last_batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
+        return self.last_batch_update
 
     def occupied_requests(self) -> list[CachedRequestState]:
         """The states of rows 0..num_reqs-1 (call after `condense()`)."""
