@@ -16,6 +16,7 @@ from mini.config import ATTENTION_BACKENDS
 BENCHMARKS = {
     "engine": "mini.bench.engine",
     "sampler": "mini.bench.sampler",
+    "prefix": "mini.bench.prefix",
     "attention": "mini.bench.attention",
 }
 
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("chat", add_help=False,
                    help="interactive chat that streams replies: `chat [MODEL] [--help | options]`")
     sub.add_parser("bench", add_help=False,
-                   help="benchmarks: `bench [engine|sampler|attention] [--help | options]` (engine by default)")
+                   help="benchmarks: `bench [engine|sampler|attention|prefix] [--help | options]` (engine by default)")
     return parser
 
 

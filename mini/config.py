@@ -21,6 +21,7 @@ SHIPPED_DRAFT_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama-draft"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SCHEDULING_POLICIES = tuple(policy.value for policy in SchedulingPolicy)
 ATTENTION_BACKENDS = tuple(ATTENTION_BACKEND_MODULES)
+PREFIX_CACHING_HASH_ALGOS = ("builtin", "sha256")   # vLLM: CacheConfig.prefix_caching_hash_algo
 
 # Default KV budget when num_gpu_blocks_override is None: enough blocks for every sequence slot at
 # full length, capped so a big max_model_len on a laptop does not allocate gigabytes up front.
@@ -39,6 +40,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = False
+    prefix_caching_hash_algo: str = "builtin"    # "builtin" (Python's hash) or "sha256"
     scheduling_policy: str = "fcfs"
     num_gpu_blocks_override: int | None = None
     skip_tokenizer_init: bool = False
@@ -59,6 +61,9 @@ class EngineConfig:
                 "long_prefill_token_threshold must be an int >= 0 (0 = no cap), "
                 f"got {self.long_prefill_token_threshold!r}"
             )
+        if self.prefix_caching_hash_algo not in PREFIX_CACHING_HASH_ALGOS:
+            raise ValueError(f"prefix_caching_hash_algo must be one of {PREFIX_CACHING_HASH_ALGOS}, "
+                             f"got {self.prefix_caching_hash_algo!r}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"

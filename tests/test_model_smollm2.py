@@ -9,12 +9,19 @@ padding), once per module. Skipped only when the package is not installed (scrip
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from mini import LLM, SamplingParams
 from mini.model.gguf_loader import MARKER_FILE
-from mini.model.registry import SMOLLM2_135M_INSTRUCT, installed_packaged_models, resolve_model_dir
+from mini.model.registry import (
+    PACKAGED_MODELS,
+    SMOLLM2_135M_INSTRUCT,
+    installed_packaged_models,
+    resolve_model_dir,
+)
 
 pytestmark = pytest.mark.skipif(
     SMOLLM2_135M_INSTRUCT not in installed_packaged_models(),
@@ -74,6 +81,11 @@ def test_hub_id_resolves_to_the_cached_conversion(model_dir):
     assert (model_dir / MARKER_FILE).is_file() and (model_dir / "model.safetensors").is_file()
     assert resolve_model_dir(SMOLLM2_135M_INSTRUCT) == model_dir  # the same folder: not converted again
     assert resolve_model_dir(SMOLLM2_135M_INSTRUCT.lower()) == model_dir
+    gguf_file = PACKAGED_MODELS[SMOLLM2_135M_INSTRUCT].locate()
+    assert resolve_model_dir(str(gguf_file)) == model_dir  # LLM(model="path/to/file.gguf"): the same cache
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"]) == (30, 576, 3)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

@@ -12,6 +12,11 @@ alternating round by round so machine noise hits both alike:
 
 Throughput counts the output tokens each request asked for. The last line is
 `speedup_vs_transformers=X.XX ceiling_fraction=Y.YY` (engine time spent in the model / engine time).
+
+The workload's shape (prompt and output lengths drawn from the same ranges, seed 0) is the same for
+every model; its size is not: the shipped 3M-parameter model runs 128 prompts x 2 rounds, a real model
+(`--model HuggingFaceTB/SmolLM2-135M-Instruct`, 45x larger) 8 prompts x 1 round, so that one run takes
+a few minutes on 2 CPU cores. `--num-prompts` / `--rounds` override either.
 """
 
 from __future__ import annotations
@@ -118,14 +123,32 @@ def run_transformers(model, tokenizer, workload: Workload, batch_size: int) -> f
     return time.perf_counter() - start
 
 
+# How much of the workload runs, by model: the same shape, scaled to a few minutes on 2 CPU cores.
+SHIPPED_MODEL_SIZE = {"num_prompts": 128, "rounds": 2}
+REAL_MODEL_SIZE = {"num_prompts": 8, "rounds": 1}
+
+
+def apply_default_size(args: argparse.Namespace) -> None:
+    """Fill --num-prompts / --rounds left unset from the model's size class."""
+    size = SHIPPED_MODEL_SIZE if args.model is None else REAL_MODEL_SIZE
+    for name, value in size.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mini bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="local HF folder (default: the shipped tiny model)")
-    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--model", default=None,
+                        help="local HF folder, .gguf file or offline hub id (default: the shipped tiny model)")
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help=f"default {SHIPPED_MODEL_SIZE['num_prompts']} (shipped model), "
+                             f"{REAL_MODEL_SIZE['num_prompts']} (any other model)")
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
     parser.add_argument("--hf-batch-size", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; the median is reported")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="alternating rounds, the median is reported; default "
+                             f"{SHIPPED_MODEL_SIZE['rounds']} (shipped model), {REAL_MODEL_SIZE['rounds']} (other)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
@@ -136,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
+    apply_default_size(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM

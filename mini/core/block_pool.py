@@ -30,8 +30,12 @@ class BlockPool:
         # The null block is the first one popped, so it is never in the free queue afterwards.
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
-        # Prefix cache: block hash -> the block holding those tokens (in use or free-but-not-evicted).
+        # Prefix cache: block hash -> the block a hit resolves to (in use or free-but-not-evicted).
         self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        # Two requests that computed the same prefix in the same step hold two blocks with one hash. vLLM
+        # keeps {block_id: block} per hash (`BlockHashToBlockMap`) and a hit takes the oldest; mini keeps
+        # that oldest in the map above and the later ones here, promoted when the oldest is evicted.
+        self.duplicate_cached_blocks: dict[int, dict[int, KVCacheBlock]] = {}
 
     def get_num_free_blocks(self) -> int:
         """Blocks that can be handed out now (free, including cached blocks nobody uses)."""
@@ -61,11 +65,22 @@ class BlockPool:
         return blocks
 
     def evict_cached_block(self, block: KVCacheBlock) -> bool:
-        """Drop the block's hash from the prefix cache (its slots are about to be overwritten)."""
-        if block.block_hash is None:
+        """Drop the block's hash from the prefix cache (its slots are about to be overwritten).
+
+        vLLM: `BlockPool._maybe_evict_cached_block`. Returns True if the block had a hash.
+        """
+        block_hash = block.block_hash
+        if block_hash is None:
             return False
-        if self.cached_block_hash_to_block.get(block.block_hash) is block:
-            del self.cached_block_hash_to_block[block.block_hash]
+        duplicates = self.duplicate_cached_blocks.get(block_hash, {})
+        if self.cached_block_hash_to_block.get(block_hash) is block:
+            del self.cached_block_hash_to_block[block_hash]
+            if duplicates:  # the next oldest copy takes over
+                self.cached_block_hash_to_block[block_hash] = duplicates.pop(next(iter(duplicates)))
+        else:
+            duplicates.pop(block.block_id, None)
+        if not duplicates:
+            self.duplicate_cached_blocks.pop(block_hash, None)
         block.reset_hash()
         return True
 
@@ -85,33 +100,53 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
 
+    @seam("touch")
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on prefix-cache hits; a block that was free leaves the free queue."""
+        """Take a reference on each prefix-cache hit; a hit that was free leaves the free queue.
+
+        A block with ref_cnt 0 sits in the free queue (cached but evictable): touching it makes it
+        unevictable again. vLLM: `BlockPool.touch`.
+        """
         for block in blocks:
             if block.ref_cnt == 0 and not block.is_null:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        """The block holding these tokens (the oldest copy when several do), or None. vLLM: `get_cached_block`."""
         return self.cached_block_hash_to_block.get(block_hash)
 
     def cache_full_blocks(
         self, blocks: list[KVCacheBlock], block_hashes: list[int], num_cached_blocks: int, num_full_blocks: int
     ) -> None:
-        """Register blocks [num_cached_blocks, num_full_blocks) of a request under their chained hashes."""
+        """Register blocks [num_cached_blocks, num_full_blocks) of a request under their chained hashes.
+
+        Two requests that computed the same prefix in the same step each hold their own copy: both are
+        registered under the hash (vLLM keeps a {block_id: block} dict per hash), and a hit takes the oldest.
+        """
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
             if block.block_hash is not None:
                 continue  # already cached (a prefix hit)
             block.block_hash = block_hashes[index]
-            # First writer wins: an identical block cached earlier stays the one hits resolve to.
-            self.cached_block_hash_to_block.setdefault(block.block_hash, block)
+            if block.block_hash in self.cached_block_hash_to_block:
+                self.duplicate_cached_blocks.setdefault(block.block_hash, {})[block.block_id] = block
+            else:
+                self.cached_block_hash_to_block[block.block_hash] = block
+
+    def cached_blocks(self) -> list[KVCacheBlock]:
+        """Every block registered in the prefix cache (in use or free-but-not-evicted), by block id."""
+        blocks = list(self.cached_block_hash_to_block.values())
+        for duplicates in self.duplicate_cached_blocks.values():
+            blocks.extend(duplicates.values())
+        return sorted(blocks, key=lambda block: block.block_id)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash (only allowed when no block is in use, as in vLLM)."""
+        """Forget every cached hash; refused (False) while any block is in use, as in vLLM."""
         if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
             return False
         self.cached_block_hash_to_block.clear()
+        self.duplicate_cached_blocks.clear()
         for block in self.blocks:
             block.reset_hash()
         return True

@@ -12,18 +12,44 @@ from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_utils import KVCacheBlock
 from mini.core.request import Request
+from mini.metrics.stats import PrefixCacheStats
 from mini.seams import seam
 from mini.utils import cdiv
+
+
+@seam("find_longest_cache_hit")
+def find_longest_cache_hit(
+    block_hashes: list[int], max_cache_hit_length: int, block_pool: BlockPool, block_size: int
+) -> list[KVCacheBlock]:
+    """The cached blocks of the longest run of leading block hashes, holding at most `max_cache_hit_length`
+    tokens. Stops at the first miss: a block can only be reused if every block before it is too.
+
+    Nothing changes here (no ref counts): the hits only become a request's when `allocate_slots`
+    accepts them. Mirrors `FullAttentionManager.find_longest_cache_hit`
+    (vllm/v1/core/single_type_kv_cache_manager.py).
+    """
+    max_num_blocks = max_cache_hit_length // block_size
+    hits: list[KVCacheBlock] = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        block = block_pool.get_cached_block(block_hash)
+        if block is None:
+            break
+        hits.append(block)
+    return hits
 
 
 class KVCacheManager:
     """Block tables of all requests, on top of one `BlockPool`."""
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = False) -> None:
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = False,
+                 hash_algo: str = "builtin") -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.hash_function = kv_cache_utils.get_hash_function(hash_algo)
+        # Lookups and hits since the start (or the last reset); vLLM: `KVCacheManager.prefix_cache_stats`.
+        self.prefix_cache_stats = PrefixCacheStats()
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Prefix caching: how many leading blocks of each request are registered in the cache, and
@@ -43,26 +69,35 @@ class KVCacheManager:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
 
     def _block_hashes(self, request: Request) -> list[int]:
-        hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
-        return kv_cache_utils.hash_request_blocks(request.all_token_ids, self.block_size, hashes)
+        """The request's full-block hash chain, extended to its current tokens (each block hashed once)."""
+        known = self.req_to_block_hashes.setdefault(request.request_id, [])
+        hashes = kv_cache_utils.hash_request_tokens(
+            self.block_size, request.all_token_ids, request.cache_salt, self.hash_function, known)
+        self.req_to_block_hashes[request.request_id] = hashes
+        return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """Longest run of cached leading blocks, and how many tokens they hold.
+        """Longest run of cached leading full blocks, and how many tokens they hold.
 
-        The block holding the request's LAST token is never a hit: at least one token must be
-        computed to get logits for the next one. Nothing changes here (no ref counts): the hits
-        only become the request's when `allocate_slots` accepts them.
+        At most `num_tokens - 1` tokens can hit: the last token is always computed, to get the logits
+        of the next one (so a fully cached prompt recomputes its last block). Nothing changes here
+        but the hit-rate counters: the hits only become the request's when `allocate_slots` accepts
+        them. Every call is one lookup in `prefix_cache_stats`, as in vLLM's `get_computed_blocks`.
         """
         if not self.enable_caching:
             return [], 0
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[KVCacheBlock] = []
-        for block_hash in self._block_hashes(request)[:max_hit_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits, len(hits) * self.block_size
+        hits = find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1, self.block_pool,
+                                      self.block_size)
+        num_hit_tokens = len(hits) * self.block_size
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens)
+        return hits, num_hit_tokens
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (False, changing nothing, while a block is in use); resets the counters."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        self.prefix_cache_stats = PrefixCacheStats(reset=True)
+        return True
 
     @seam("allocate_slots")
     def allocate_slots(

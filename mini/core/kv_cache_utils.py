@@ -4,16 +4,24 @@ The KV cache is cut into fixed-size blocks of `block_size` token slots. A `KVCac
 metadata (an id, a reference count, an optional content hash); the tensors live in the model
 runner. Free blocks sit in a doubly linked list so that a block in the middle can be taken out in
 O(1) when a prefix-cache hit revives it, and so that eviction order is least-recently-freed first.
+
+Prefix caching names a FULL block by a chained hash: `hash_block_tokens(parent_hash, tokens,
+extra_keys)`, where `parent_hash` is the previous block's hash (`NONE_HASH` for the first block), so
+equal hashes mean equal prefixes. `extra_keys` carries what else changes the KV: in mini only the
+request's `cache_salt`, which vLLM puts in the FIRST block's extra keys
+(`generate_block_hash_extra_keys`), so that the whole chain of a salted request differs.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+import os
+import pickle
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini.seams import register
+from mini.seams import register, seam
 
 
 @dataclass(slots=True, eq=False)
@@ -23,6 +31,7 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     # Hash of the block's tokens (chained with its prefix) once it is full and cached; None otherwise.
+    # It stays set after the block is freed (lazy eviction) until the block is popped for reuse.
     block_hash: int | None = None
     prev_free_block: KVCacheBlock | None = field(default=None, repr=False)
     next_free_block: KVCacheBlock | None = field(default=None, repr=False)
@@ -100,30 +109,76 @@ class FreeKVCacheBlockQueue:
 register("FreeKVCacheBlockQueue", FreeKVCacheBlockQueue)
 
 
+def sha256(input_object: Any) -> int:
+    """sha256 of the pickled object, as an int (vLLM: `vllm.utils.sha256`). Stable across processes."""
+    payload = pickle.dumps(input_object, protocol=pickle.HIGHEST_PROTOCOL)
+    return int.from_bytes(hashlib.sha256(payload).digest(), byteorder="big")
+
+
+# The engine arg `prefix_caching_hash_algo` picks one of these (vLLM: CacheConfig.prefix_caching_hash_algo).
+HASH_FUNCTIONS: dict[str, Callable[[Any], int]] = {"builtin": hash, "sha256": sha256}
+
+
+def get_hash_function(hash_algo: str) -> Callable[[Any], int]:
+    if hash_algo not in HASH_FUNCTIONS:
+        raise ValueError(f"prefix_caching_hash_algo must be one of {tuple(HASH_FUNCTIONS)}, got {hash_algo!r}")
+    return HASH_FUNCTIONS[hash_algo]
+
+
+# The parent hash of a request's first block. As in vLLM's kv_cache_utils.py: random per process (so
+# hashes cannot be predicted from outside), unless PYTHONHASHSEED is set, which makes it reproducible.
+NONE_HASH: int = (int.from_bytes(os.urandom(32), byteorder="big") if os.getenv("PYTHONHASHSEED") is None
+                  else sha256(os.getenv("PYTHONHASHSEED")))
+
+
+@seam("hash_block_tokens")
 def hash_block_tokens(
     parent_block_hash: int | None,
     curr_block_token_ids: Sequence[int],
-    extra_keys: Any = None,
+    extra_keys: tuple[Any, ...] | None = None,
+    hash_function: Callable[[Any], int] = hash,
 ) -> int:
     """Hash of one full block, chained with the hash of the block before it.
 
-    Because the parent hash is an input, equal hashes mean equal *prefixes*, not just equal blocks:
-    a block's KV depends on every token before it. sha256 keeps the result stable across processes
-    (Python's `hash` is salted for str), truncated to 64 bits.
+    `hash_function((parent, tuple(token ids), extra_keys))`, with `NONE_HASH` as the parent of a first
+    block (`parent_block_hash=None`). Because the parent hash is an input, equal hashes mean equal
+    *prefixes*, not just equal blocks: a block's KV depends on every token before it.
+    Mirrors `hash_block_tokens` in vllm/v1/core/kv_cache_utils.py.
     """
-    payload = repr((parent_block_hash, tuple(int(t) for t in curr_block_token_ids), extra_keys))
-    digest = hashlib.sha256(payload.encode()).digest()
-    return int.from_bytes(digest[:8], "little")
+    if parent_block_hash is None:
+        parent_block_hash = NONE_HASH
+    return hash_function((parent_block_hash, tuple(int(t) for t in curr_block_token_ids), extra_keys))
 
 
-def hash_request_blocks(
-    token_ids: Sequence[int], block_size: int, known_hashes: list[int] | None = None
+def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple[Any, ...] | None:
+    """Extra hash keys of block `block_index`: the cache salt goes into the first block only.
+
+    vLLM's `generate_block_hash_extra_keys` also adds LoRA and multimodal keys; mini has neither.
+    """
+    if block_index == 0 and cache_salt:
+        return (cache_salt,)
+    return None
+
+
+@seam("hash_request_tokens")
+def hash_request_tokens(
+    block_size: int,
+    token_ids: Sequence[int],
+    cache_salt: str | None = None,
+    hash_function: Callable[[Any], int] = hash,
+    known_hashes: list[int] | None = None,
 ) -> list[int]:
-    """Chained hashes of every FULL block of `token_ids`, reusing (and extending) `known_hashes`."""
+    """Chained hashes of every FULL block of `token_ids` (a partial last block gets none).
+
+    `known_hashes` (the hashes already computed for this request, a prefix of the answer) is extended
+    in place and returned, so a growing request hashes each block once, as vLLM's request block
+    hasher does (vllm/v1/core/kv_cache_utils.py: `get_request_block_hasher`, formerly
+    `hash_request_tokens`).
+    """
     hashes = [] if known_hashes is None else known_hashes
-    num_full_blocks = len(token_ids) // block_size
-    for block_index in range(len(hashes), num_full_blocks):
+    for block_index in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[-1] if hashes else None
         start = block_index * block_size
-        hashes.append(hash_block_tokens(parent, token_ids[start:start + block_size]))
+        hashes.append(hash_block_tokens(parent, token_ids[start:start + block_size],
+                                        block_extra_keys(block_index, cache_salt), hash_function))
     return hashes

@@ -49,6 +49,7 @@ class Request:
     __slots__ = (
         "all_token_ids",
         "arrival_time",
+        "cache_salt",
         "eos_token_id",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -70,6 +71,7 @@ class Request:
         eos_token_id: int | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
@@ -81,6 +83,8 @@ class Request:
         self.eos_token_id = eos_token_id
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
+        # Prefix-cache namespace (vLLM: Request.cache_salt): only requests with the same salt share blocks.
+        self.cache_salt = cache_salt
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
@@ -100,6 +104,7 @@ class Request:
             eos_token_id=core_request.eos_token_id,
             arrival_time=core_request.arrival_time,
             priority=core_request.priority,
+            cache_salt=core_request.cache_salt,
         )
 
     @property

@@ -23,3 +23,4 @@ class EngineCoreRequest:
     eos_token_id: int | None
     arrival_time: float
     priority: int = 0
+    cache_salt: str | None = None      # prefix-cache namespace: enters the first block's hash (prompt dict key)

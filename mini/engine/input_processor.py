@@ -16,7 +16,7 @@ from typing import Any
 from mini.engine.core_request import EngineCoreRequest
 from mini.sampling_params import SamplingParams
 
-PROMPT_FORMS = 'a str, {"prompt": str} or {"prompt_token_ids": list[int]}'
+PROMPT_FORMS = 'a str, {"prompt": str} or {"prompt_token_ids": list[int]} (dicts may add "cache_salt": str)'
 # vLLM's default cap on how many logprobs a request may ask for (ModelConfig.max_logprobs).
 DEFAULT_MAX_LOGPROBS = 20
 
@@ -54,6 +54,7 @@ class InputProcessor:
             raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
         if arrival_time is not None and not isinstance(arrival_time, (int, float)):
             raise TypeError(f"arrival_time must be a float (seconds) or None, got {type(arrival_time).__name__}")
+        cache_salt = self._cache_salt(prompt)
         prompt_text, prompt_token_ids = self._tokenize(prompt)
         self._validate_prompt(prompt_token_ids)
         self._validate_params(params)
@@ -67,7 +68,18 @@ class InputProcessor:
             request_id=request_id, prompt=prompt_text, prompt_token_ids=prompt_token_ids,
             sampling_params=params, eos_token_id=self.eos_token_id,
             arrival_time=time.time() if arrival_time is None else float(arrival_time), priority=priority,
+            cache_salt=cache_salt,
         )
+
+    @staticmethod
+    def _cache_salt(prompt: Any) -> str | None:
+        """The prompt dict's "cache_salt" (vLLM: TextPrompt / TokensPrompt `cache_salt`), or None."""
+        if not isinstance(prompt, dict) or prompt.get("cache_salt") is None:
+            return None
+        cache_salt = prompt["cache_salt"]
+        if not isinstance(cache_salt, str) or not cache_salt:
+            raise TypeError(f"cache_salt must be a non-empty str, got {cache_salt!r}")
+        return cache_salt
 
     def _tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
         """-> (prompt text or None, prompt token ids)."""

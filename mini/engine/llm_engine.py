@@ -56,6 +56,7 @@ class LLMEngine:
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=config.block_size,
             enable_caching=config.enable_prefix_caching,
+            hash_algo=config.prefix_caching_hash_algo,
         )
         self.scheduler = Scheduler(config, self.kv_cache_manager)
         self.model_runner = ModelRunner(config, self.model, self.hf_config, self.num_gpu_blocks)
@@ -165,6 +166,13 @@ class LLMEngine:
         internal_ids = self.output_processor.child_request_ids(ids)
         self.scheduler.finish_requests(internal_ids, RequestStatus.FINISHED_ABORTED)
         self._pending_outputs.extend(self.output_processor.abort_requests(ids))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block (vLLM: `LLMEngine.reset_prefix_cache`).
+
+        Refused (False, nothing changed) while a request holds blocks; True once the cache is empty.
+        """
+        return self.scheduler.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending_outputs) or self.scheduler.has_unfinished_requests()

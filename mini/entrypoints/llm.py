@@ -42,6 +42,7 @@ class LLM:
         enable_chunked_prefill: bool = True,
         long_prefill_token_threshold: int = 0,
         enable_prefix_caching: bool = False,
+        prefix_caching_hash_algo: str = "builtin",
         scheduling_policy: str = "fcfs",
         num_gpu_blocks_override: int | None = None,
         skip_tokenizer_init: bool = False,
@@ -60,6 +61,7 @@ class LLM:
             enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
             enable_prefix_caching=enable_prefix_caching,
+            prefix_caching_hash_algo=prefix_caching_hash_algo,
             scheduling_policy=scheduling_policy,
             num_gpu_blocks_override=num_gpu_blocks_override,
             skip_tokenizer_init=skip_tokenizer_init,
@@ -71,6 +73,10 @@ class LLM:
         )
         self.llm_engine = LLMEngine(config)
         self.request_counter = itertools.count()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (vLLM: `LLM.reset_prefix_cache`); False while a request holds blocks."""
+        return self.llm_engine.reset_prefix_cache()
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()

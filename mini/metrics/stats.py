@@ -4,11 +4,37 @@ vLLM's `Scheduler.make_stats()` returns a `SchedulerStats` (running / waiting co
 prefix-cache counters) that the engine hands to its stat loggers. mini's has the same counts plus the
 state a teaching view draws: every request's block table and progress, the free-block queue in order
 and each block's reference count. Views and tests read this, not the scheduler's internals.
+
+`PrefixCacheStats` counts prefix-cache lookups as vLLM's does (`requests`, `queries` = tokens looked
+up, `hits` = tokens found cached; `reset` after `reset_prefix_cache()`). vLLM's scheduler hands over
+the counts since its last `make_stats()` and the stat logger adds them up; mini's snapshot carries the
+running totals instead (since the engine started or the cache was last reset), which is what a view
+or a benchmark wants to read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups and hits, in tokens (vLLM: vllm/v1/metrics/stats.py, `PrefixCacheStats`)."""
+
+    reset: bool = False     # the cache was reset (reset_prefix_cache) since these counts started
+    requests: int = 0       # lookups (one per `get_computed_blocks` call)
+    queries: int = 0        # tokens looked up (the requests' lengths)
+    hits: int = 0           # tokens found in the cache
+
+    def record(self, num_tokens: int, num_hits: int) -> None:
+        self.requests += 1
+        self.queries += num_tokens
+        self.hits += num_hits
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / queries (0.0 before any lookup)."""
+        return self.hits / self.queries if self.queries else 0.0
 
 
 @dataclass(slots=True)
@@ -28,3 +54,9 @@ class SchedulerStats:
     block_ref_cnts: list[int] = field(default_factory=list)    # ref count of block 0, 1, ... (0 = free)
     num_gpu_blocks: int = 0                     # the null block included
     block_size: int = 0
+    # Prefix caching (all empty / zero when it is off):
+    prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)  # running totals
+    block_hashes: list[int | None] = field(default_factory=list)   # hash of block 0, 1, ... (None = none)
+    cached_block_ids: list[int] = field(default_factory=list)      # blocks a hit can resolve to now, sorted
+    num_cached_tokens: dict[str, int] = field(default_factory=dict)  # each unfinished request's first hit
+    request_block_hashes: dict[str, list[int]] = field(default_factory=dict)  # each one's full-block chain

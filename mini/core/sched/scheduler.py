@@ -15,6 +15,7 @@ A chunked prefill is simply a request granted fewer tokens than it wants.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from mini.core.kv_cache_manager import KVCacheManager
@@ -312,4 +313,14 @@ class Scheduler:
             block_ref_cnts=[block.ref_cnt for block in pool.blocks],
             num_gpu_blocks=pool.num_gpu_blocks,
             block_size=manager.block_size,
+            prefix_cache_stats=dataclasses.replace(manager.prefix_cache_stats),
+            block_hashes=[block.block_hash for block in pool.blocks],
+            cached_block_ids=[block.block_id for block in pool.cached_blocks()],
+            num_cached_tokens={r.request_id: max(r.num_cached_tokens, 0) for r in unfinished},
+            request_block_hashes={r.request_id: list(manager.req_to_block_hashes.get(r.request_id, []))
+                                  for r in unfinished},
         )
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (vLLM: `Scheduler.reset_prefix_cache`); False while blocks are in use."""
+        return self.kv_cache_manager.reset_prefix_cache()

@@ -1,0 +1,28 @@
+"""`python -m mini bench`: the workload's size follows the model (same shape, a few minutes on 2 cores)."""
+
+from __future__ import annotations
+
+from mini.bench import engine as bench
+
+
+def parsed(*argv: str):
+    args = bench.build_parser().parse_args(list(argv))
+    bench.apply_default_size(args)
+    return args
+
+
+def test_shipped_model_keeps_the_full_workload():
+    args = parsed()
+    assert (args.num_prompts, args.rounds) == (128, 2)
+    assert tuple(args.prompt_len) == (16, 256) and tuple(args.output_len) == (16, 256)
+
+
+def test_a_real_model_runs_fewer_prompts_of_the_same_shape():
+    args = parsed("--model", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert (args.num_prompts, args.rounds) == (8, 1)
+    assert tuple(args.prompt_len) == (16, 256) and tuple(args.output_len) == (16, 256)
+
+
+def test_explicit_sizes_win():
+    args = parsed("--model", "x", "--num-prompts", "3", "--rounds", "5")
+    assert (args.num_prompts, args.rounds) == (3, 5)
