@@ -27,7 +27,9 @@ class BlockTable:
         self.max_num_reqs = max_num_reqs
         self.table = torch.zeros((max_num_reqs, _INITIAL_WIDTH), dtype=torch.int32, device=device)
         self.num_blocks_per_row = [0] * max_num_reqs
-        self.row_req_ids: list[str | None] = [None] * max_num_reqs
+        # The request state each row was last written for. Compared by identity, not by request id: a
+        # request id can come back (a new request reusing it, or a preempted one resumed with new blocks).
+        self.row_owners: list[object | None] = [None] * max_num_reqs
 
     def _ensure_width(self, num_blocks: int) -> None:
         width = self.table.shape[1]
@@ -39,14 +41,14 @@ class BlockTable:
         wider[:, : self.table.shape[1]] = self.table
         self.table = wider
 
-    def add_row(self, row: int, req_id: str, block_ids: Sequence[int]) -> None:
-        """Row `row` now holds request `req_id`, whose blocks are `block_ids` (the old row is overwritten)."""
+    def add_row(self, row: int, owner: object, block_ids: Sequence[int]) -> None:
+        """Row `row` now holds `owner` (a request's state), whose blocks are `block_ids` (the row is overwritten)."""
         self._ensure_width(len(block_ids))
         self.table[row].zero_()
         if block_ids:
             self.table[row, : len(block_ids)] = torch.as_tensor(list(block_ids), dtype=torch.int32)
         self.num_blocks_per_row[row] = len(block_ids)
-        self.row_req_ids[row] = req_id
+        self.row_owners[row] = owner
 
     def append_row(self, row: int, block_ids: Sequence[int]) -> None:
         """Add `block_ids` after the row's current blocks (what a running request was given this step)."""
@@ -57,10 +59,10 @@ class BlockTable:
         self.table[row, start: start + len(block_ids)] = torch.as_tensor(list(block_ids), dtype=torch.int32)
         self.num_blocks_per_row[row] = start + len(block_ids)
 
-    def sync_row(self, row: int, req_id: str, block_ids: Sequence[int]) -> None:
-        """Make row `row` equal `block_ids` of `req_id`, writing only the new tail when it already holds it."""
-        if self.row_req_ids[row] != req_id or self.num_blocks_per_row[row] > len(block_ids):
-            self.add_row(row, req_id, block_ids)
+    def sync_row(self, row: int, owner: object, block_ids: Sequence[int]) -> None:
+        """Make row `row` equal `owner`'s `block_ids`, writing only the new tail when the row already holds it."""
+        if self.row_owners[row] is not owner or self.num_blocks_per_row[row] > len(block_ids):
+            self.add_row(row, owner, block_ids)
         else:
             self.append_row(row, block_ids[self.num_blocks_per_row[row]:])
 

@@ -134,7 +134,7 @@ class ModelRunner:
         else:
             block_table = self.input_batch.block_table
             for row, state in enumerate(states):
-                block_table.sync_row(row, state.req_id, state.block_ids)
+                block_table.sync_row(row, state, state.block_ids)
             input_ids = [token for state, start, count in zip(states, computed, scheduled)
                          for token in state.all_token_ids[start: start + count]]
             inputs = batch_inputs.assemble_inputs(input_ids, computed, scheduled, block_table.get(len(states)),
