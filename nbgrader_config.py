@@ -11,6 +11,16 @@ Instructor workflow (run from the repository root):
 """
 
 import os
+import warnings
+
+# nbgrader's gradebook models trip SQLAlchemy's relationship-overlap warning (SAWarning) on every command;
+# it is nbgrader's own and harmless: silence it here, where every nbgrader command loads this file.
+try:
+    from sqlalchemy.exc import SAWarning
+except ImportError:  # nbgrader not installed: nothing to silence
+    pass
+else:
+    warnings.filterwarnings("ignore", category=SAWarning)
 
 c = get_config()  # noqa: F821  (injected by traitlets when nbgrader loads this file)
 

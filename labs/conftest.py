@@ -2,7 +2,8 @@
 
     pytest labs/                # grade the learner notebooks in phases/
     pytest labs/ --reference    # grade the source notebooks in solutions/ (must all pass)
-    pytest labs/ --notebooks DIR   # grade DIR/NN_topic/NN_topic.ipynb (e.g. a student's submission)
+    pytest labs/ --notebooks DIR   # grade DIR/NN_topic/NN_topic.ipynb (e.g. a student's submission);
+                                   # a phase with no notebook in DIR is skipped as "not submitted"
 
 A lab test asks for the `answers` fixture and calls `answers("01_paged_kv").get("name")`: the
 object the learner defined in that notebook's answer cell, or an AssertionError that says why not.
@@ -60,8 +61,33 @@ def answers(request: pytest.FixtureRequest):
         if assignment_id not in loaded:
             path = root / assignment_id / f"{assignment_id}.ipynb"
             if not path.is_file():
+                if request.config.getoption("--notebooks"):  # a student's folder: the phase was not handed in
+                    pytest.skip(f"not submitted: {assignment_id} ({path} does not exist)")
                 pytest.fail(f"notebook not found: {path}", pytrace=False)
             loaded[assignment_id] = load_answers(path)
         return loaded[assignment_id]
 
     return load
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    """One uncut line per failed exercise: the gist of its message (pytest -q's summary cuts it to the width)."""
+    gists, not_implemented = [], []
+    for report in terminalreporter.stats.get("failed", []):
+        if "test_labs.py::test_exercise[" not in report.nodeid:
+            continue
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else str(report.longrepr)
+        first_line = message.splitlines()[0].removeprefix("AssertionError: ") if message else ""
+        exercise = report.nodeid.rsplit("[", 1)[-1].rstrip("]")
+        if first_line.startswith("NotImplementedYet"):
+            not_implemented.append(exercise.split("::")[-1])
+        else:
+            gists.append(f"{exercise}: {first_line}")
+    if not (gists or not_implemented):
+        return
+    terminalreporter.section("labs: what to fix", sep="-")
+    for gist in gists:
+        terminalreporter.write_line(gist)
+    if not_implemented:
+        terminalreporter.write_line(f"not implemented yet ({len(not_implemented)}): {', '.join(not_implemented)}")

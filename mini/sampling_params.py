@@ -2,13 +2,15 @@
 
 Same field names and defaults as vLLM's `SamplingParams`. `__post_init__` normalizes the fields the way
 vLLM does (`stop` str -> list, `top_k=-1` accepted as "off", `seed=-1` -> None, greedy when the
-temperature is ~0) and then validates them like vLLM's `_verify_args`: a bad value raises `ValueError`
-naming the field and the allowed range, a value of the wrong type raises `TypeError`.
+temperature is ~0) and then validates them like vLLM's `_verify_args`. Every invalid field raises `ValueError` naming the field and
+what is allowed, a value of the wrong type (`stop=123`, `temperature="hot"`) included: vLLM raises
+`ValueError` for bad sampling parameters, and so does its OpenAI server's request validation.
 
 Checks that need the model's vocabulary (token ids < vocab_size) live in
 `mini/engine/input_processor.py`, as vLLM runs them in `SamplingParams.verify` at request time.
 """
 
+# ruff: noqa: TRY004  (a wrong type is a bad value here: ValueError, as vLLM raises)
 from __future__ import annotations
 
 import copy
@@ -46,24 +48,24 @@ def _require_int(name: str, value: object, optional: bool = False) -> None:
         return
     if not _is_int(value):
         allowed = "an int or None" if optional else "an int"
-        raise TypeError(f"{name} must be {allowed}, got {type(value).__name__} {value!r}")
+        raise ValueError(f"{name} must be {allowed}, got {type(value).__name__} {value!r}")
 
 
 def _require_number(name: str, value: object) -> None:
     if not _is_number(value):
-        raise TypeError(f"{name} must be a number (int or float), got {type(value).__name__} {value!r}")
+        raise ValueError(f"{name} must be a number (int or float), got {type(value).__name__} {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
 
 
 def _require_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+        raise ValueError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 def _require_int_list(name: str, value: object) -> list[int]:
     if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
-        raise TypeError(f"{name} must be a list of ints, got {value!r}")
+        raise ValueError(f"{name} must be a list of ints, got {value!r}")
     return list(value)
 
 
@@ -71,7 +73,7 @@ def _require_str_list(name: str, value: object) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{name} must be a str or a list of str, got {value!r}")
+        raise ValueError(f"{name} must be a str or a list of str, got {value!r}")
     return list(value)
 
 
@@ -154,12 +156,12 @@ class SamplingParams:
         if self.logit_bias is not None:
             self.logit_bias = self._normalized_logit_bias(self.logit_bias)
         if not isinstance(self.output_kind, RequestOutputKind):
-            raise TypeError(
+            raise ValueError(
                 f"output_kind must be a RequestOutputKind ({', '.join(k.name for k in RequestOutputKind)}), "
                 f"got {self.output_kind!r}"
             )
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise TypeError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
+            raise ValueError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
         # Characters held back from streamed text until we know they do not start a stop string.
         if self.stop and not self.include_stop_str_in_output:
             self.output_text_buffer_length = max(len(s) for s in self.stop) - 1
@@ -167,13 +169,13 @@ class SamplingParams:
     @staticmethod
     def _normalized_logit_bias(logit_bias: object) -> dict[int, float]:
         if not isinstance(logit_bias, dict):
-            raise TypeError(f"logit_bias must be a dict[int, float] or None, got {type(logit_bias).__name__}")
+            raise ValueError(f"logit_bias must be a dict[int, float] or None, got {type(logit_bias).__name__}")
         normalized: dict[int, float] = {}
         for token, bias in logit_bias.items():
             try:  # OpenAI clients send token ids as strings; vLLM converts them
                 token_id = int(token)
             except (TypeError, ValueError):
-                raise TypeError(f"logit_bias keys must be token ids (int), got {token!r}") from None
+                raise ValueError(f"logit_bias keys must be token ids (int), got {token!r}") from None
             _require_number(f"logit_bias[{token_id}]", bias)
             normalized[token_id] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(bias)))
         return normalized

@@ -54,5 +54,5 @@ fi
 # Convert it once into mini's cache ($MINI_CACHE_DIR, default ~/.cache/mini; about a minute the first time,
 # instant afterwards), so that no later start pays for it.
 HF_HUB_OFFLINE=1 python -c "from mini.model.registry import SMOLLM2_135M_INSTRUCT as m, resolve_model_dir; resolve_model_dir(m)"
-python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (mini)" >/dev/null
+python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
 echo "mini is installed in $(pwd)/.venv ($(python -c 'import torch; print("torch", torch.__version__)'))"

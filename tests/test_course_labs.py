@@ -42,7 +42,7 @@ def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
         elif failure is not None:
             outcomes[case.get("name")] = ("failed", failure.get("message", "") + (failure.text or ""))
         elif case.find("skipped") is not None:
-            outcomes[case.get("name")] = ("skipped", "")
+            outcomes[case.get("name")] = ("skipped", case.find("skipped").get("message", ""))
         else:
             outcomes[case.get("name")] = ("passed", "")
     assert "error" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
@@ -99,3 +99,19 @@ def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path):
         "hint:",
     ):
         assert expected in message, message
+
+
+def test_phases_a_student_did_not_submit_are_skipped_as_not_submitted(tmp_path):
+    """`pytest labs/ --notebooks submitted/<student>`: a phase missing from the folder is skipped ("not
+    submitted"), not failed; a submitted phase is graded as usual."""
+    student = tmp_path / "submitted" / "ada"
+    shutil.copytree(REPO_ROOT / "phases" / "02_slot_mapping", student / "02_slot_mapping")
+    outcomes = run_labs(tmp_path, "labs/", "-k", "01_paged_kv or 02_slot_mapping", "--notebooks", str(student))
+    graded = {name: value for name, value in outcomes.items() if "02_slot_mapping" in name}
+    missing = {name: value for name, value in outcomes.items() if "01_paged_kv" in name}
+    assert len(missing) == len(all_phases()[1].exercises) and len(graded) == len(p02.PHASE.exercises)
+    for name, (outcome, message) in missing.items():
+        assert outcome == "skipped" and "not submitted" in message, (name, outcome, message)
+    for name, (outcome, message) in graded.items():
+        assert outcome == "failed" and "not implemented yet" in message, (name, outcome, message)
+

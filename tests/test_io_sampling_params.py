@@ -63,9 +63,18 @@ BAD_TYPES = [
 
 
 @pytest.mark.parametrize("field_name,value", BAD_TYPES)
-def test_wrong_type_raises_type_error_naming_field(field_name, value):
-    with pytest.raises(TypeError, match=field_name):
+def test_wrong_type_raises_value_error_naming_field(field_name, value):
+    """As vLLM (and as the README promises): a value of the wrong type is a bad value, ValueError."""
+    with pytest.raises(ValueError, match=field_name) as raised:
         SamplingParams(**{field_name: value})
+    assert type(raised.value) is ValueError
+
+
+def test_readme_examples_of_wrong_types_raise_value_error():
+    with pytest.raises(ValueError, match="stop"):
+        SamplingParams(stop=123)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature="hot")
 
 
 def test_min_tokens_above_max_tokens():

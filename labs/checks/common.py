@@ -3,14 +3,19 @@
 Every check in labs/checks/pNN.py takes the learner's function or class as its first argument, runs
 it on fixed and seeded random cases against the mini reference, and raises AssertionError with a
 minimal counterexample (inputs, expected, got, hint) at the first mismatch. A learner's stub raises
-NotImplementedError: `calling()` turns that into NotImplementedYet("... not implemented yet ...").
+NotImplementedError: `calling()` turns that into NotImplementedYet("... not implemented yet ..."); any other
+exception becomes an AssertionError with the same counterexample shape (the call, inputs, what the
+reference returns, a hint).
 """
 
 from __future__ import annotations
 
-import contextlib
 import pprint
-from collections.abc import Callable, Iterator
+import sysconfig
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from labs.course.answers import NotImplementedYet
@@ -42,29 +47,85 @@ def _is_not_implemented(error: BaseException) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def calling(name: str, inputs: dict[str, Any] | None = None) -> Iterator[None]:
-    """Run learner code; NotImplementedError -> NotImplementedYet, other errors -> AssertionError."""
-    __tracebackhide__ = True
-    try:
-        yield
-    except NotImplementedError as error:
-        raise NotImplementedYet(
-            f"`{name}` is not implemented yet: replace `raise NotImplementedError()` in its answer cell"
-        ) from error
-    except AssertionError:
-        raise
-    except Exception as error:
+_NO_EXPECTED = object()
+_LABS_DIR = str(Path(__file__).resolve().parents[1])
+_ENGINE_DIR = str(Path(__file__).resolve().parents[2] / "mini")
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")})
+DEFAULT_RAISE_HINT = (
+    "run the same call in a notebook cell with these inputs: the traceback shows which of your lines "
+    "raised; compare with the expected value above"
+)
+
+
+def _where_it_raised(error: BaseException) -> str:
+    """`file, line N: code` of the deepest frame in the learner's code (else the deepest frame at all)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    own = [
+        frame for frame in frames
+        if not frame.filename.startswith((_LABS_DIR, _ENGINE_DIR, *_LIBRARY_DIRS))
+    ]
+    frame = (own or frames)[-1]
+    code = f": {frame.line.strip()}" if frame.line else ""
+    return f"{frame.filename}, line {frame.lineno}{code}"
+
+
+def _not_implemented_message(name: str) -> str:
+    return f"`{name}` is not implemented yet: replace `raise NotImplementedError()` in its answer cell"
+
+
+class calling:  # lowercase: used as `with calling(...)`, as it was when it was a function
+    """`with calling(name, inputs, expected=..., hint=...):` around a call of the learner's code.
+
+    NotImplementedError (the release stub) becomes NotImplementedYet. Any other exception becomes an
+    AssertionError whose FIRST line carries the gist (what raised, and what the reference returns), so
+    `pytest -q`'s one-line summary is readable, followed by where it raised, the inputs, the expected
+    value and a hint. It is raised `from None` from a hidden frame (`__tracebackhide__`, honoured by
+    pytest and IPython): the learner sees the check's line, not this helper's frames or a chained
+    traceback. Pass `expected` (what the reference returns for these inputs) wherever it is known before
+    the call. AssertionError passes through unchanged (a learner's own asserts, or a nested check)."""
+
+    __slots__ = ("expected", "hint", "inputs", "name")
+
+    def __init__(
+        self, name: str, inputs: dict[str, Any] | None = None, expected: Any = _NO_EXPECTED, hint: str | None = None
+    ) -> None:
+        self.name, self.inputs, self.expected, self.hint = name, inputs, expected, hint
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, error_type: type[BaseException] | None, error: BaseException | None,
+                 _traceback: TracebackType | None) -> bool:
+        __tracebackhide__ = True  # read by pytest and IPython
+        if error is None or isinstance(error, AssertionError) or not isinstance(error, Exception):
+            return False
         if _is_not_implemented(error):
-            raise NotImplementedYet(
-                f"`{name}` is not implemented yet: replace `raise NotImplementedError()` in its answer cell"
-            ) from error
-        shown = (
-            ""
-            if inputs is None
-            else "\n  inputs:\n" + "\n".join(f"    {key} = {_short(value)}" for key, value in inputs.items())
-        )
-        raise AssertionError(f"`{name}` raised {type(error).__name__}: {error}{shown}") from error
+            raise NotImplementedYet(_not_implemented_message(self.name)) from None
+        raise AssertionError(self.message(error)) from None
+
+    def message(self, error: BaseException) -> str:
+        """The counterexample for a call that raised `error`."""
+        headline = f"`{self.name}` raised {type(error).__name__}: {_one_line(error)}"
+        if self.expected is not _NO_EXPECTED:
+            headline += f" (the reference returns {_one_line(self.expected, 80)})"
+        lines = [headline]
+        where = _where_it_raised(error)
+        if where:
+            lines.append(f"  raised at: {where}")
+        if self.inputs is not None:
+            lines.append("  inputs:")
+            lines += [f"    {key} = {_short(value)}" for key, value in self.inputs.items()]
+        if self.expected is not _NO_EXPECTED:
+            lines.append(f"  expected (the reference, same inputs): {_short(self.expected)}")
+        lines.append(f"  hint: {self.hint or DEFAULT_RAISE_HINT}")
+        return "\n".join(lines)
+
+
+def _one_line(value: Any, limit: int = 160) -> str:
+    text = " ".join(str(value).split()) if isinstance(value, BaseException) else " ".join(_short(value).split())
+    return text if len(text) <= limit else text[: limit - 4] + " ..."
 
 
 def expect_equal(

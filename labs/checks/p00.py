@@ -105,7 +105,7 @@ def check_kv_bytes_per_block(kv_bytes_per_block: Callable, seeds: Iterable[int] 
         model_config = hf_config(**model_fields)
         inputs = {"config": engine_fields, "hf_config": model_fields}
         expected = LLMEngine.kv_bytes_per_block(config, model_config)
-        with calling("kv_bytes_per_block", inputs):
+        with calling("kv_bytes_per_block", inputs, expected=expected):
             got = kv_bytes_per_block(config, model_config)
         expect_equal(
             "kv_bytes_per_block",
@@ -188,7 +188,7 @@ def _check_loop(
         expected = reference_greedy(model, prompt, max_new_tokens)
         spy = _InputLengthSpy(model)
         try:
-            with calling(name, inputs), torch.no_grad():
+            with calling(name, inputs, expected=expected), torch.no_grad():
                 got = loop(model, list(prompt), max_new_tokens)
         finally:
             spy.remove()

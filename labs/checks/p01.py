@@ -109,7 +109,7 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
     for op in ops:
         inputs["ops so far"].append(op)
         expected = _apply_queue_op(reference, ref_blocks, op)
-        with calling("FreeKVCacheBlockQueue", inputs):
+        with calling("FreeKVCacheBlockQueue", inputs, expected=expected):
             got = _apply_queue_op(queue, lab_blocks, op)
         expect_equal(
             f"{op[0]} return value",
@@ -200,7 +200,7 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
             count = step[0] if step is not None else rng.randint(0, reference.get_num_free_blocks())
             inputs["calls so far"].append(f"get_new_blocks({count})")
             expected = _ids(reference.get_new_blocks(count))
-            with calling("get_new_blocks", inputs):
+            with calling("get_new_blocks", inputs, expected=expected):
                 got = _ids(pool.get_new_blocks(count))
             held.append(expected)
             expect_equal(
@@ -335,7 +335,7 @@ def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(
                 f"with num_computed_tokens={ref_req.num_computed_tokens}"
             )
             expected = _ids(reference.allocate_slots(ref_req, num_new))
-            with calling("allocate_slots", inputs):
+            with calling("allocate_slots", inputs, expected=expected):
                 got = _ids(manager.allocate_slots(lab_req, num_new))
             expect_equal(
                 "allocate_slots return value",

@@ -91,7 +91,7 @@ def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int
     for case in cases:
         inputs = {"num_scheduled_tokens": case["num_scheduled_tokens"]}
         expected = reference.compute_query_start_loc(case["num_scheduled_tokens"])
-        with calling("compute_query_start_loc", inputs):
+        with calling("compute_query_start_loc", inputs, expected=expected):
             got = compute_query_start_loc(case["num_scheduled_tokens"])
         _expect_tensor(
             "compute_query_start_loc",
@@ -108,7 +108,7 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
     for case in cases:
         inputs = {key: case[key] for key in ("num_computed_tokens", "num_scheduled_tokens")}
         expected = reference.compute_positions(**inputs)
-        with calling("compute_positions", inputs):
+        with calling("compute_positions", inputs, expected=expected):
             got = compute_positions(**inputs)
         _expect_tensor(
             "compute_positions",
@@ -133,7 +133,7 @@ def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = ra
             "block_size": case["block_size"],
         }
         expected = reference.compute_slot_mapping(block_table, req_indices, positions, case["block_size"])
-        with calling("compute_slot_mapping", inputs):
+        with calling("compute_slot_mapping", inputs, expected=expected):
             got = compute_slot_mapping(
                 block_table.clone(), req_indices.clone(), positions.clone(), case["block_size"]
             )
@@ -155,7 +155,7 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
             for key in ("token_ids", "num_computed_tokens", "num_scheduled_tokens", "block_ids", "block_size")
         }
         expected = reference.prepare_inputs(**inputs)
-        with calling("prepare_inputs", inputs):
+        with calling("prepare_inputs", inputs, expected=expected):
             got = prepare_inputs(**inputs)
         for name in [f.name for f in dataclasses.fields(expected)]:
             try:

@@ -190,7 +190,7 @@ def check_gather_kv(gather_kv: Callable, seeds: Iterable[int] = range(20)) -> No
             "block_ids": block_ids.tolist(),
             "seq_len": seq_len,
         }
-        with calling("gather_kv", inputs):
+        with calling("gather_kv", inputs, expected=expected):
             got = gather_kv(cache_side.clone(), block_ids.clone(), seq_len)
         if not isinstance(got, torch.Tensor):
             raise _not_a_tensor("gather_kv", got, inputs)
@@ -247,7 +247,7 @@ def check_paged_attention(paged_attention: Callable, seeds: Iterable[int] = rang
         scale = batch["head_size"] ** -0.5
         expected = sdpa_reference(query, kv_cache, meta, scale)
         inputs = _shown(batch)
-        with calling("paged_attention", inputs):
+        with calling("paged_attention", inputs, expected=expected):
             got = paged_attention(query.clone(), kv_cache.clone(), meta, scale)
         if not isinstance(got, torch.Tensor):
             raise _not_a_tensor("paged_attention", got, inputs)

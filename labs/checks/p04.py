@@ -72,7 +72,7 @@ def check_logits_indices(compute_logits_indices: Callable, seeds: Iterable[int] 
         query_start_loc = prep.compute_query_start_loc(case["num_scheduled_tokens"])
         inputs = {"query_start_loc": query_start_loc.tolist()}
         expected = prep.compute_logits_indices(query_start_loc)
-        with calling("compute_logits_indices", inputs):
+        with calling("compute_logits_indices", inputs, expected=expected):
             got = compute_logits_indices(query_start_loc.clone())
         _expect_tensor(
             "compute_logits_indices",
@@ -109,7 +109,7 @@ def check_rms_norm(rms_norm: Callable, seeds: Iterable[int] = range(20)) -> None
             expected = hf_norm(x)
         weight = hf_norm.weight.detach().clone()
         inputs = {"x.shape": list(shape), "x.dtype": str(dtype), "eps": eps}
-        with calling("rms_norm", inputs):
+        with calling("rms_norm", inputs, expected=expected):
             got = rms_norm(x.clone(), weight, eps)
         tolerance = 1e-5 if dtype == torch.float32 else 2e-2
         expect_equal(
@@ -156,7 +156,7 @@ def check_apply_rotary(apply_rotary: Callable, seeds: Iterable[int] = range(20))
         expected, _ = apply_rotary_pos_emb(hf_x, hf_x, cos[None], sin[None])
         expected = expected[0].transpose(0, 1)
         inputs = {"positions": positions, "x.shape": list(x.shape), "rope_theta": theta}
-        with calling("apply_rotary", inputs):
+        with calling("apply_rotary", inputs, expected=expected):
             got = apply_rotary(x.clone(), cos.clone(), sin.clone())
         expect_equal(
             "apply_rotary (vs transformers' apply_rotary_pos_emb)",

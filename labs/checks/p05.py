@@ -89,7 +89,7 @@ def check_num_tokens_to_schedule(num_tokens_to_schedule: Callable, seeds: Iterab
     cases = _num_tokens_cases(seeds)
     for inputs in cases:
         expected = reference.num_tokens_to_schedule(**inputs)
-        with calling("num_tokens_to_schedule", inputs):
+        with calling("num_tokens_to_schedule", inputs, expected=expected):
             got = num_tokens_to_schedule(*inputs.values())
         expect_equal(
             "num_tokens_to_schedule",
@@ -139,7 +139,7 @@ def check_select_preemption_victim(
         }
         expected = reference.select_preemption_victim(_running(specs), policy).request_id
         running = _running(specs)
-        with calling("select_preemption_victim", inputs):
+        with calling("select_preemption_victim", inputs, expected=expected):
             got = select_preemption_victim(list(running), policy)
         got_id = got.request_id if isinstance(got, Request) and any(got is r for r in running) else got
         expect_equal(
@@ -274,6 +274,32 @@ def priority_workload(enable_prefix_caching: bool = False) -> tuple[dict[str, An
     return config, specs
 
 
+def unchunked_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """enable_chunked_prefill=False: a waiting prompt that does not fit the budget LEFT this step waits
+    whole (vLLM breaks out of the waiting loop); it is never cut into a chunk."""
+    config = {
+        "block_size": 4,
+        "num_gpu_blocks": 12,
+        "max_num_batched_tokens": 8,
+        "max_num_seqs": 4,
+        "long_prefill_token_threshold": 0,
+        "enable_chunked_prefill": False,
+        "scheduling_policy": "fcfs",
+        "enable_prefix_caching": False,
+        "max_model_len": 8,
+    }
+    specs = [  # step 0: r0 takes 5 of 8 tokens, r1 (6) does not fit the 3 left, so r1 and r2 wait
+        {"id": "r0", "prompt": [11, 12, 13, 14, 15], "max_tokens": 3, "arrive": 0, "arrival_time": 0.0,
+         "priority": 0},
+        {"id": "r1", "prompt": [21, 22, 23, 24, 25, 26], "max_tokens": 2, "arrive": 0, "arrival_time": 0.0,
+         "priority": 0},
+        {"id": "r2", "prompt": [31, 32, 33], "max_tokens": 4, "arrive": 0, "arrival_time": 0.0, "priority": 0},
+        {"id": "r3", "prompt": [41, 42, 43, 44, 45, 46, 47, 48], "max_tokens": 1, "arrive": 2,
+         "arrival_time": 1.0, "priority": 0},
+    ]
+    return config, specs
+
+
 def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 8])
@@ -337,6 +363,7 @@ def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None
         worked_workload(),
         priority_workload(),
         priority_workload(enable_prefix_caching=True),
+        unchunked_workload(),
         *(random_workload(seed) for seed in seeds),
     ]
     for config, specs in cases:
@@ -348,7 +375,7 @@ def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None
             ],
         }
         expected = run_schedule(None, config, specs)
-        with calling("schedule", inputs):
+        with calling("schedule", inputs, expected=expected):
             got = run_schedule(schedule, config, specs)
         for index in range(max(len(expected), len(got))):
             want = expected[index] if index < len(expected) else ({"(no step)": "the run had ended"}, {})

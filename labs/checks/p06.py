@@ -86,7 +86,7 @@ def check_detokenize_incrementally(
             expected = reference.detokenize_incrementally(
                 tokenizer, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
             )
-            with calling("detokenize_incrementally", inputs):
+            with calling("detokenize_incrementally", inputs, expected=expected):
                 got = detokenize_incrementally(
                     tokenizer, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
                 )
@@ -134,7 +134,7 @@ def check_check_stop_strings(check_stop_strings: Callable, seeds: Iterable[int] 
     cases = _stop_string_cases(seeds)
     for case in cases:
         expected = reference.check_stop_strings(**case)
-        with calling("check_stop_strings", case):
+        with calling("check_stop_strings", case, expected=expected):
             got = check_stop_strings(
                 case["output_text"], case["new_char_count"], list(case["stop"]), case["include_in_output"]
             )
@@ -216,6 +216,20 @@ FIXED_REQUESTS = [
         "output_token_ids": [2],
         "eos_token_id": 2,
         "params": {"max_tokens": 16, "min_tokens": 2},
+        "max_model_len": 64,
+    },
+    {  # exactly min_tokens outputs: EOS now counts (>=, not >)
+        "prompt_len": 3,
+        "output_token_ids": [5, 2],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16, "min_tokens": 2},
+        "max_model_len": 64,
+    },
+    {  # exactly min_tokens outputs: a stop token id now counts too
+        "prompt_len": 3,
+        "output_token_ids": [5, 6, 7],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16, "min_tokens": 3, "stop_token_ids": [7]},
         "max_model_len": 64,
     },
     {
@@ -395,7 +409,7 @@ def check_step(step: Callable, seeds: Iterable[int] = range(3)) -> None:
             engine.scheduler.get_num_unfinished_requests(),
             engine.kv_cache_manager.block_pool.get_num_free_blocks(),
         )
-        with calling("step", inputs):
+        with calling("step", inputs, expected=expected):
             got = _run(engine, types.MethodType(step, engine), workload)
         hint = (
             "outputs pending from abort_request() first; then schedule -> model_runner.execute_model -> "

@@ -74,7 +74,7 @@ def _calling_kernel(name: str, inputs: dict[str, Any]) -> Iterator[None]:
                 raise NotImplementedYet(
                     f"`{name}` is not implemented yet: replace `raise NotImplementedError()` in its answer cell"
                 ) from error
-            cause = cause.__cause__
+            cause = cause.__cause__ or cause.__context__
         raise
 
 

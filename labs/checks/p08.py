@@ -86,7 +86,7 @@ def check_apply_temperature(apply_temperature: Callable, seeds: Iterable[int] = 
             "all_random": all_random,
         }
         expected = reference_apply_temperature(logits.clone(), temperature.clone(), all_random)
-        with calling("apply_temperature", inputs):
+        with calling("apply_temperature", inputs, expected=expected):
             got = apply_temperature(logits.clone(), temperature.clone(), all_random)
         _expect_tensor(
             "apply_temperature",
@@ -184,7 +184,7 @@ def check_apply_top_k_top_p(apply_top_k_top_p: Callable, seeds: Iterable[int] = 
     for logits, k, p in cases:
         inputs = _inputs(logits, k, p)
         expected = reference_top_k_top_p(logits.clone(), _clone(k), _clone(p))
-        with calling("apply_top_k_top_p", inputs):
+        with calling("apply_top_k_top_p", inputs, expected=expected):
             got = apply_top_k_top_p(logits.clone(), _clone(k), _clone(p))
         _expect_tensor(
             "apply_top_k_top_p",
@@ -243,7 +243,7 @@ def check_random_sample(random_sample: Callable, seeds: Iterable[int] = range(20
         expected_gens, got_gens = _generators(seeded_rows), _generators(seeded_rows)
         for call in ("first call", "second call (same generators)"):
             expected = reference_random_sample(probs.clone(), expected_gens).tolist()
-            with calling("random_sample", inputs):
+            with calling("random_sample", inputs, expected=expected):
                 got = random_sample(probs.clone(), got_gens)
             got = got.tolist() if isinstance(got, torch.Tensor) else got
             expect_equal(
@@ -338,7 +338,7 @@ def check_gather_logprobs(gather_logprobs: Callable, seeds: Iterable[int] = rang
             "token_ids": token_ids.tolist(),
         }
         expected = reference_gather_logprobs(logprobs.clone(), num_logprobs, token_ids.clone())
-        with calling("gather_logprobs", inputs):
+        with calling("gather_logprobs", inputs, expected=expected):
             got = gather_logprobs(logprobs.clone(), num_logprobs, token_ids.clone())
         for name, hint in (
             (

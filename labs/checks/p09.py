@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +118,7 @@ def check_apply_all_penalties(apply_all_penalties: Callable, seeds: Iterable[int
     for case in cases:
         inputs = {**case, "(ids are padded with vocab_size)": len(case["logits"][0])}
         expected = reference_apply_all_penalties(*_penalty_args(case))
-        with calling("apply_all_penalties", inputs):
+        with calling("apply_all_penalties", inputs, expected=expected):
             got = apply_all_penalties(*_penalty_args(case))
         _expect_logits(
             "apply_all_penalties",
@@ -173,10 +173,17 @@ def batch_update_fuzz(
     seed: int, num_steps: int = 60, vocab_size: int = 12, max_rows: int = 8
 ) -> list[FuzzStep]:
     """Random steps of a persistent batch, with the BatchUpdate each one produces (None: no change)."""
+    return list(iter_batch_update_fuzz(seed, num_steps, vocab_size, max_rows))
+
+
+def iter_batch_update_fuzz(
+    seed: int, num_steps: int = 60, vocab_size: int = 12, max_rows: int = 8
+) -> Iterator[FuzzStep]:
+    """The same steps, one at a time: each running request's output list grows by one token only AFTER
+    its step is handed out, so a consumer sees the lengths of that step (min_tokens counts them)."""
     rng = random.Random(seed)
     rows: list[FakeRequest | None] = []
     counter = 0
-    steps = []
     for _ in range(num_steps):
         removed: list[int] = []
         added, moved = [], []
@@ -212,10 +219,9 @@ def batch_update_fuzz(
         update = (
             BatchUpdate(len(rows), sorted(removed), added, moved) if (removed or added or moved) else None
         )
-        steps.append(FuzzStep(update, list(rows)))
+        yield FuzzStep(update, list(rows))
         for request in rows:  # every running request generates one token
             request.output_token_ids.append(rng.randrange(vocab_size))
-    return steps
 
 
 def _describe(update: BatchUpdate | None) -> str:
@@ -259,7 +265,7 @@ def check_process_dict_updates(process_dict_updates: Callable, seeds: Iterable[i
                 "entries before": dict(got_entries),
             }
             expected_changed = reference_process_dict_updates(expected_entries, update, new_state)
-            with calling("process_dict_updates", inputs):
+            with calling("process_dict_updates", inputs, expected=expected_changed):
                 got_changed = process_dict_updates(got_entries, update, new_state)
             expect_equal(
                 "process_dict_updates: the entries",
@@ -286,7 +292,7 @@ def check_min_tokens_processor(processor_class: type, seeds: Iterable[int] = ran
     config = LogitsProcessorConfig(vocab_size=vocab_size)
     num_cases = 0
     for seed in seeds:
-        steps = batch_update_fuzz(seed, vocab_size=vocab_size)
+        steps = iter_batch_update_fuzz(seed, vocab_size=vocab_size)  # lengths as of each step
         reference = ReferenceMinTokens(config, torch.device("cpu"), False)
         with calling(
             processor_class.__name__, {"vllm_config": config, "device": "cpu", "is_pin_memory": False}

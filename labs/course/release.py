@@ -3,20 +3,39 @@
 `release()` runs nbgrader's `generate_assignment` for every phase in a scratch course root (so the
 repository never gets a gradebook or stray files), normalizes the result (see notebook_format) and
 writes it to `phases/`. `find_drift()` does the same into memory and lists what differs.
+
+phases/ is also where learners work, so neither command may cost them their work:
+
+- the drift check compares only what the release controls: the cells the release wrote (matched by
+  cell id, in order), their type, their nbgrader metadata and their source, except the source of answer
+  cells. Kernel and language metadata (JupyterLab rewrites both on save), outputs, the learner's
+  answers and cells the learner added are theirs and never count as drift;
+- `release()` leaves a phase notebook alone when nothing the release controls changed. When something
+  did, it writes the new release with the learner's answers CARRIED OVER (answer cells matched by grade
+  id), and first copies the old file to `backups/<time>/phases/...` if it held any work of the learner's
+  (filled answers, added cells, outputs); what could not be carried (an answer cell the new release no
+  longer has, an added cell) is named in the returned messages. Files it deletes from phases/ are backed
+  up the same way.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+import nbformat
 
 from labs.course.notebook_format import notebook_text, read_notebook, write_normalized
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENT_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
+BACKUP_DIR = "backups"  # under the course root, git-ignored: what release() replaced or deleted in phases/
 
 
 @dataclass(slots=True)
@@ -35,7 +54,10 @@ class Drift:
             return "phases/ is in sync with solutions/"
         lines = [f"changed: {p}" for p in self.changed]
         lines += [f"missing: {p}" for p in self.missing] + [f"extra:   {p}" for p in self.extra]
-        return "\n".join(lines) + "\nrun `python -m labs.course release` to regenerate phases/"
+        return "\n".join(lines) + (
+            "\nrun `python -m labs.course release` to regenerate phases/ (your answers are carried over; "
+            f"anything it replaces or deletes is first copied to {BACKUP_DIR}/)"
+        )
 
 
 def list_assignments(root: Path = REPO_ROOT) -> list[str]:
@@ -121,33 +143,177 @@ def _phase_files(root: Path, assignment_ids: list[str] | None = None) -> set[str
     }
 
 
-def find_drift(root: Path = REPO_ROOT, assignment_ids: list[str] | None = None) -> Drift:
-    """What differs in phases/ (only under the given assignments, if any)."""
-    expected = generated_files(assignment_ids, root=root)
+# ---------------------------------------------------------------- what the release controls in a notebook
+
+
+def _is_answer_cell(cell: Any) -> bool:
+    return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution", False))
+
+
+def _answer_id(cell: Any) -> str:
+    return str(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or cell.get("id", ""))
+
+
+def _source(cell: Any) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _controlled_cell(cell: Any) -> tuple:
+    """One released cell as the release controls it: id, type, nbgrader metadata, source (not for answers)."""
+    nbgrader_meta = json.dumps(cell.get("metadata", {}).get("nbgrader", {}), sort_keys=True)
+    source = None if _is_answer_cell(cell) else _source(cell)
+    return (cell.get("id"), cell.get("cell_type"), nbgrader_meta, source)
+
+
+def _read_bytes_as_notebook(content: bytes) -> nbformat.NotebookNode | None:
+    try:
+        return nbformat.reads(content.decode("utf-8"), as_version=4)
+    except Exception:  # noqa: BLE001 - a notebook that does not parse has simply drifted
+        return None
+
+
+def _learner_cells(present: nbformat.NotebookNode, released: nbformat.NotebookNode) -> list[Any]:
+    released_ids = {cell.get("id") for cell in released.cells}
+    return [cell for cell in present.cells if cell.get("id") not in released_ids]
+
+
+def same_release(present: nbformat.NotebookNode, released: nbformat.NotebookNode) -> bool:
+    """True when `present` holds exactly the cells `released` has, as far as the release controls them.
+
+    Cells the learner added (ids the release does not have) are ignored, as are answer cell sources,
+    outputs, execution counts, other cell metadata and the notebook's metadata (kernelspec, language_info).
+    """
+    released_ids = {cell.get("id") for cell in released.cells}
+    kept = [_controlled_cell(cell) for cell in present.cells if cell.get("id") in released_ids]
+    return kept == [_controlled_cell(cell) for cell in released.cells]
+
+
+def _filled_answers(present: nbformat.NotebookNode, released: nbformat.NotebookNode) -> dict[str, str]:
+    """{answer grade id: the learner's source} for every answer cell of `present` that is not the stub."""
+    stubs = {_answer_id(cell): _source(cell) for cell in released.cells if _is_answer_cell(cell)}
+    return {
+        _answer_id(cell): _source(cell)
+        for cell in present.cells
+        if _is_answer_cell(cell) and _source(cell) != stubs.get(_answer_id(cell))
+    }
+
+
+def _holds_learner_work(present: nbformat.NotebookNode, released: nbformat.NotebookNode) -> bool:
+    has_outputs = any(cell.get("outputs") for cell in present.cells)
+    return bool(_filled_answers(present, released) or _learner_cells(present, released) or has_outputs)
+
+
+def _notebook_drifted(path: Path, content: bytes) -> bool:
+    if path.read_bytes() == content:
+        return False
+    present = _read_bytes_as_notebook(path.read_bytes())
+    released = _read_bytes_as_notebook(content)
+    return present is None or released is None or not same_release(present, released)
+
+
+def find_drift(
+    root: Path = REPO_ROOT, assignment_ids: list[str] | None = None, expected: dict[str, bytes] | None = None
+) -> Drift:
+    """What differs in phases/ (only under the given assignments, if any) from what the release controls.
+
+    `expected` is `generated_files(...)` when the caller already has it."""
+    if expected is None:
+        expected = generated_files(assignment_ids, root=root)
     present = _phase_files(root, assignment_ids)
     drift = Drift()
     for relative, content in expected.items():
         if relative not in present:
             drift.missing.append(relative)
+        elif relative.endswith(".ipynb"):
+            if _notebook_drifted(root / relative, content):
+                drift.changed.append(relative)
         elif (root / relative).read_bytes() != content:
             drift.changed.append(relative)
     drift.extra = sorted(present - set(expected))
     return drift
 
 
+# ---------------------------------------------------------------- release: regenerate, keep the learner's work
+
+
+def _backup(root: Path, relative: str, stamp: str) -> str:
+    """Copy root/relative to root/backups/<stamp>/relative; return the backup's path relative to root."""
+    target = root / BACKUP_DIR / stamp / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(root / relative, target)
+    return str(target.relative_to(root))
+
+
+def _carry_answers(present: nbformat.NotebookNode, content: bytes) -> tuple[bytes, list[str], list[str]]:
+    """The new release `content` with the learner's answers of `present` put back into their cells.
+
+    Returns (content, grade ids carried over, what could not be carried)."""
+    released = nbformat.reads(content.decode("utf-8"), as_version=4)
+    answers = _filled_answers(present, released)
+    carried = []
+    for cell in released.cells:
+        if _is_answer_cell(cell) and _answer_id(cell) in answers:
+            cell.source = answers[_answer_id(cell)]
+            carried.append(_answer_id(cell))
+    lost = [f"answer cell {grade_id!r} (not in the new release)" for grade_id in answers if grade_id not in carried]
+    lost += [f"a cell you added ({cell.get('cell_type')} cell {cell.get('id')!r})"
+             for cell in _learner_cells(present, released)]
+    return notebook_text(released).encode("utf-8"), carried, lost
+
+
+def _release_notebook(root: Path, relative: str, content: bytes, stamp: str) -> str | None:
+    """Bring one phases/ notebook up to `content` without losing the learner's work; a message, or None."""
+    path = root / relative
+    if path.read_bytes() == content:
+        return None
+    present = _read_bytes_as_notebook(path.read_bytes())
+    released = _read_bytes_as_notebook(content)
+    if present is None:  # does not parse: keep a copy, write the release
+        backup = _backup(root, relative, stamp)
+        path.write_bytes(content)
+        return f"{relative} (could not be read as a notebook; regenerated, the old file is in {backup})"
+    if released is None:
+        raise ValueError(f"the release of {relative} does not parse as a notebook")
+    if not _holds_learner_work(present, released):
+        path.write_bytes(content)  # nothing of the learner's: normalize (kernel metadata, formatting)
+        return relative
+    if same_release(present, released):
+        return None  # only the learner's parts differ: nothing to release, leave their notebook alone
+    backup = _backup(root, relative, stamp)
+    merged, carried, lost = _carry_answers(present, content)
+    path.write_bytes(merged)
+    message = f"{relative} (regenerated; {len(carried)} answer(s) carried over"
+    if lost:
+        message += "; NOT carried over, copy them back from the backup: " + ", ".join(lost)
+    return message + f"; the old file is in {backup})"
+
+
 def release(root: Path = REPO_ROOT, assignment_ids: list[str] | None = None) -> list[str]:
     """Normalize solutions/, regenerate phases/ from it, delete stale files; return what changed.
 
-    With `assignment_ids`, only those phases are touched."""
+    The learner's answers are carried into each regenerated notebook, and every file of phases/ that is
+    replaced while holding learner work, or deleted, is first copied to backups/<time>/ (see the module
+    docstring). With `assignment_ids`, only those phases are touched."""
     changed = normalize_sources(root, assignment_ids)
     expected = generated_files(assignment_ids, root=root)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     for relative, content in expected.items():
         path = root / relative
-        if not path.exists() or path.read_bytes() != content:
+        if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
             changed.append(relative)
+        elif relative.endswith(".ipynb"):
+            message = _release_notebook(root, relative, content, stamp)
+            if message is not None:
+                changed.append(message)
+        elif path.read_bytes() != content:
+            backup = _backup(root, relative, stamp)
+            path.write_bytes(content)
+            changed.append(f"{relative} (replaced; the old file is in {backup})")
     for relative in sorted(_phase_files(root, assignment_ids) - set(expected)):
+        backup = _backup(root, relative, stamp)
         (root / relative).unlink()
-        changed.append(f"{relative} (deleted)")
+        changed.append(f"{relative} (deleted; a copy is in {backup})")
     return changed
