@@ -1,8 +1,9 @@
-"""The `mini` command line: `python -m mini generate ...`, `python -m mini chat ...`, `python -m mini bench ...`.
+"""The `mini` command line: `python -m mini generate|chat|serve|bench ...`.
 
-Mirrors vllm/entrypoints/cli/main.py (the `vllm` command with its subcommands), reduced to the three
+Mirrors vllm/entrypoints/cli/main.py (the `vllm` command with its subcommands), reduced to the
 subcommands a learner needs: generate text from the shipped (or a local) model, chat with a model
-interactively (mini/entrypoints/chat_cli.py), and run benchmarks.
+interactively (mini/entrypoints/chat_cli.py), serve it over an OpenAI-compatible HTTP API
+(mini/entrypoints/openai/api_server.py, `vllm serve`), and run benchmarks.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ BENCHMARKS = {
     "sampler": "mini.bench.sampler",
     "prefix": "mini.bench.prefix",
     "attention": "mini.bench.attention",
+    "structured": "mini.bench.structured",
+    "serve": "mini.bench.serve",
 }
 
 
@@ -45,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("chat", add_help=False,
                    help="interactive chat that streams replies: `chat [MODEL] [--help | options]`")
+    sub.add_parser("serve", add_help=False,
+                   help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
-                   help="benchmarks: `bench [engine|sampler|attention|prefix] [--help | options]` (engine by default)")
+                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve] [--help | options]` (engine by default)")
     return parser
 
 
@@ -91,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "bench":
         return run_bench(argv[1:])
+    if argv and argv[0] == "serve":
+        from mini.entrypoints.openai.api_server import main as serve_main
+
+        return serve_main(argv[1:])
     if argv and argv[0] == "chat":
         from mini.entrypoints.chat_cli import main as chat_main
 

@@ -43,6 +43,10 @@ class EngineConfig:
     prefix_caching_hash_algo: str = "builtin"    # "builtin" (Python's hash) or "sha256"
     scheduling_policy: str = "fcfs"
     num_gpu_blocks_override: int | None = None
+    # KV-cache budget (mini/engine/startup.py `determine_num_kv_blocks`): bytes for the KV cache, or on CUDA
+    # the fraction of the GPU's memory the engine may use (weights + activations + KV), as vLLM's.
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
     skip_tokenizer_init: bool = False
     attention_backend: str | None = None
     device: str = "cpu"
@@ -75,6 +79,14 @@ class EngineConfig:
                 "num_gpu_blocks_override must be an int >= 2 (block 0 is the null block), "
                 f"got {self.num_gpu_blocks_override!r}"
             )
+        if self.kv_cache_memory_bytes is not None and (
+            not isinstance(self.kv_cache_memory_bytes, int) or isinstance(self.kv_cache_memory_bytes, bool)
+            or self.kv_cache_memory_bytes < 1
+        ):
+            raise ValueError(f"kv_cache_memory_bytes must be a positive int or None, got {self.kv_cache_memory_bytes!r}")
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be a float in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS} or None, got {self.attention_backend!r}"

@@ -77,6 +77,50 @@ def _require_str_list(name: str, value: object) -> list[str]:
     return list(value)
 
 
+# ---- structured output (issue 12): the request's format constraint, checked again at add_request
+STRUCTURED_OUTPUT_KINDS = ("regex", "json", "choice", "json_object")
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """Mirrors vllm/sampling_params.py `StructuredOutputsParams`: exactly one of the four kinds.
+
+    regex: the whole output must match (anchors implied); json: a JSON schema (dict or JSON text);
+    choice: the output is one of these strings; json_object=True: any JSON value (to a fixed depth).
+    The pattern / schema itself is compiled and checked at `add_request` (mini/structured_output/).
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError(
+                f"structured_outputs.json_object must be True, False or None, got {self.json_object!r}")
+        given = [kind for kind in STRUCTURED_OUTPUT_KINDS if getattr(self, kind) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs needs exactly one of {', '.join(STRUCTURED_OUTPUT_KINDS)}, "
+                             f"got {given or 'none'}")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise ValueError(f"structured_outputs.regex must be a str, got {type(self.regex).__name__}")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(
+                f"structured_outputs.json must be a schema dict or JSON text, got {type(self.json).__name__}")
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or \
+                    not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError(
+                    f"structured_outputs.choice must be a non-empty list of non-empty str, got {self.choice!r}")
+            self.choice = list(self.choice)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: one of STRUCTURED_OUTPUT_KINDS."""
+        return next(kind for kind in STRUCTURED_OUTPUT_KINDS if getattr(self, kind) not in (None, False))
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Sampling parameters for one request (names, defaults and checks as vLLM's)."""
@@ -105,6 +149,7 @@ class SamplingParams:
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputsParams | None = None  # issue 12: regex / json / choice / json_object
 
     # Set in __post_init__ / by the engine; not constructor arguments.
     output_text_buffer_length: int = field(default=0, init=False)
@@ -160,6 +205,10 @@ class SamplingParams:
                 f"output_kind must be a RequestOutputKind ({', '.join(k.name for k in RequestOutputKind)}), "
                 f"got {self.output_kind!r}"
             )
+        structured = self.structured_outputs
+        if structured is not None and not isinstance(structured, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams or None, got "
+                             f"{type(self.structured_outputs).__name__}")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ValueError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
         # Characters held back from streamed text until we know they do not start a stop string.
@@ -262,3 +311,35 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         """A deep copy (each request owns its params; the engine mutates eos fields)."""
         return copy.deepcopy(self)
+
+
+@dataclass(slots=True)
+class BeamSearchParams:
+    """Parameters of `LLM.beam_search` (vllm/sampling_params.py `BeamSearchParams`: same fields and defaults).
+
+    beam_width: beams kept per prompt (each step asks the engine for 2 * beam_width logprobs per beam);
+    max_tokens: steps (generated tokens) at most; ignore_eos: EOS is an ordinary token, no beam completes;
+    temperature: of each step's one-token request (the candidates are ranked by raw logprobs either way);
+    length_penalty: exponent of the sequence length in the score (mini/beam_search.py);
+    include_stop_str_in_output: keep the text of a completed beam's final EOS token in `text`.
+    vLLM does not check these fields; mini does, so that a bad value raises `ValueError` naming the field.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            _require_int(name, getattr(self, name))
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            _require_bool(name, getattr(self, name))
+        for name in ("temperature", "length_penalty"):
+            _require_number(name, getattr(self, name))
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}")

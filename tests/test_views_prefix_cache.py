@@ -23,3 +23,6 @@ def test_recording_shows_hits_salt_misses_and_evictions(tiny_llama_dir):
     assert "hit rate" in page and "r1" in page
     widget = prefix_cache_widget(recording)
     assert len(widget.pages) == len(recording)
+    (play, slider), board = widget.children[0].children, widget.children[1]
+    # jslink copies the play button's value into the slider in the browser: all three start on one step
+    assert play.value == slider.value and board.value == widget.pages[slider.value]

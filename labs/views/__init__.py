@@ -22,7 +22,13 @@ documented surface (mini/README.md, "Internal interfaces"), never by monkeypatch
 - `batch_rows`: the persistent batch's rows under each BatchUpdate (vllm/v1/worker/gpu_input_batch.py);
 - `scheduler_timeline`: steps x requests, continuous vs static batching (vllm/v1/core/sched/scheduler.py);
 - `sampling_plots`: the sampler's stages and sampled frequencies (vllm/v1/sample/sampler.py);
-- `detokenizer_stream`: incremental detokenization, step by step (vllm/v1/engine/detokenizer.py).
+- `detokenizer_stream`: incremental detokenization, step by step (vllm/v1/engine/detokenizer.py);
+- `prefix_cache`: requests' hash chains, hits, shared blocks and the eviction order, step by step
+  (vllm/v1/core/block_pool.py, kv_cache_manager.py);
+- `fsm_mask`: a grammar's DFA with the current state, and the allowed-token bitmask beside it, as text is
+  typed or sampled token by token (vllm/v1/structured_output/);
+- `serving_dashboard`: a live view of a serving engine (running / waiting requests, KV usage, tokens/s),
+  fed by the engine's stat loggers (vllm/v1/metrics/loggers.py).
 """
 
 from labs.views.attention_mask import (

@@ -156,10 +156,12 @@ def prefix_cache_widget(recording: PrefixCacheRecording) -> Any:
     import ipywidgets as widgets
 
     pages = [render_prefix_cache_html(s, recording.request_ids) for s in recording.snapshots]
-    slider = widgets.IntSlider(value=len(pages) - 1, min=0, max=len(pages) - 1, description="step")
+    # Start at step 0: jslink copies the play button's value into the slider when the page draws it, so the
+    # slider, the play button and the board must all start on the same step.
+    slider = widgets.IntSlider(value=0, min=0, max=len(pages) - 1, description="step")
     play = widgets.Play(value=0, min=0, max=len(pages) - 1, interval=700)
     widgets.jslink((play, "value"), (slider, "value"))
-    board = widgets.HTML(pages[-1])
+    board = widgets.HTML(pages[0])
 
     def show(change: dict) -> None:
         board.value = pages[change["new"]]

@@ -21,11 +21,13 @@ class RequestStatus(enum.IntEnum):
     """Life cycle of a request. Every status after PREEMPTED is a finished one (as in vLLM)."""
 
     WAITING = enum.auto()
+    WAITING_FOR_FSM = enum.auto()  # structured output: grammar still compiling (issue 12)
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_GRAMMAR_DEAD_END = enum.auto()  # structured output: no token can continue the grammar
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -40,6 +42,7 @@ _FINISHED_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_GRAMMAR_DEAD_END: "grammar_dead_end",
 }
 
 
@@ -61,6 +64,7 @@ class Request:
         "sampling_params",
         "status",
         "stop_reason",
+        "structured_output_request",
     )
 
     def __init__(
@@ -93,6 +97,12 @@ class Request:
         self.stop_reason: int | str | None = None
         # Prefix-cache hit length the first time the request was scheduled (-1: not scheduled yet).
         self.num_cached_tokens = -1
+        # Structured output (issue 12): the grammar state; WAITING_FOR_FSM until it is compiled.
+        from mini.structured_output.request import StructuredOutputRequest
+
+        self.structured_output_request = StructuredOutputRequest.from_sampling_params(sampling_params)
+        if self.structured_output_request is not None:
+            self.status = RequestStatus.WAITING_FOR_FSM
 
     @classmethod
     def from_engine_core_request(cls, core_request: EngineCoreRequest) -> Request:

@@ -15,6 +15,7 @@ from typing import Any
 
 from mini.engine.core_request import EngineCoreRequest
 from mini.sampling_params import SamplingParams
+from mini.structured_output import validate_structured_outputs
 
 PROMPT_FORMS = 'a str, {"prompt": str} or {"prompt_token_ids": list[int]} (dicts may add "cache_salt": str)'
 # vLLM's default cap on how many logprobs a request may ask for (ModelConfig.max_logprobs).
@@ -145,3 +146,8 @@ class InputProcessor:
                 raise ValueError(f"{name}={requested} is more than the maximum allowed, {self.max_logprobs}")
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words need a tokenizer, but this engine has none (skip_tokenizer_init=True)")
+        if params.structured_outputs is not None:  # issue 12: parse + check the spec now, compile later
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs need a tokenizer, but this engine has none "
+                                 "(skip_tokenizer_init=True)")
+            validate_structured_outputs(params.structured_outputs)

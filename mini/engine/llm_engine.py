@@ -32,8 +32,8 @@ from mini.model.loader import load_model
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
 from mini.seams import seam
+from mini.structured_output import StructuredOutputManager
 from mini.tokenizer import load_tokenizer
-from mini.utils import cdiv
 from mini.worker.model_runner import ModelRunner
 
 
@@ -64,6 +64,9 @@ class LLMEngine:
             self.tokenizer, self.vocab_size, max_model_len, self._eos_token_id()
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        # Structured output (issue 12): compiles grammars on a worker thread, builds per-step bitmasks.
+        self.structured_output_manager = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                                                                 self._eos_token_id())
         self._pending_outputs: list[RequestOutput] = []
         # The last step's scheduling decision, for views and tests (vLLM logs it with its stats).
         self.last_scheduler_output: SchedulerOutput | None = None
@@ -93,14 +96,20 @@ class LLMEngine:
                 * model_config.head_dim * element_size)
 
     def _resolve_num_blocks(self, config: EngineConfig, hf_config: Any) -> int:
-        """Total KV blocks INCLUDING the null block 0 (vLLM's num_gpu_blocks counts it too)."""
+        """Total KV blocks INCLUDING the null block 0 (vLLM's num_gpu_blocks counts it too).
+
+        Start-up as vLLM's (vllm/v1/worker/gpu_worker.py `determine_available_memory`, then
+        vllm/v1/core/kv_cache_utils.py `get_kv_cache_config`): weights are loaded; a profiling run at the
+        maximum batch measures the peak activation memory; the KV cache gets what remains of the budget.
+        """
+        self.startup_report = None   # what start-up measured (mini/engine/startup.py); None with an override
         if config.num_gpu_blocks_override is not None:
             return config.num_gpu_blocks_override
-        from mini.config import DEFAULT_KV_CACHE_BYTES
+        from mini.engine.startup import determine_num_kv_blocks
 
-        blocks_for_all_seqs = config.max_num_seqs * cdiv(config.max_model_len, config.block_size)
-        blocks_in_budget = DEFAULT_KV_CACHE_BYTES // self.kv_bytes_per_block(config, hf_config)
-        return max(2, min(blocks_for_all_seqs, blocks_in_budget) + 1)
+        self.startup_report = determine_num_kv_blocks(self.model, config, hf_config,
+                                                      self.kv_bytes_per_block(config, hf_config))
+        return self.startup_report.num_gpu_blocks
 
     def _eos_token_id(self) -> int | None:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -133,14 +142,18 @@ class LLMEngine:
         # The scheduler goes first: it may still refuse a request that can never fit the KV pool,
         # and then nothing has been registered anywhere.
         if params.n == 1:
-            self.scheduler.add_request(Request.from_engine_core_request(core_request))
+            request = Request.from_engine_core_request(core_request)
+            self.scheduler.add_request(request)
+            self.structured_output_manager.grammar_init(request)  # issue 12: compile off the step loop
             self.output_processor.add_request(core_request)
             return
         parent = ParentRequest(core_request)
         for index in range(params.n):
             child_id, child_params = parent.get_child_info(index)
             child = dataclasses.replace(core_request, request_id=child_id, sampling_params=child_params)
-            self.scheduler.add_request(Request.from_engine_core_request(child))
+            child_request = Request.from_engine_core_request(child)
+            self.scheduler.add_request(child_request)
+            self.structured_output_manager.grammar_init(child_request)  # issue 12
             self.output_processor.add_request(child, parent, index)
 
     @seam("step")
@@ -151,7 +164,11 @@ class LLMEngine:
             return outputs
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
-        runner_output = self.model_runner.execute_model(scheduler_output)
+        # Structured output (issue 12): the constrained rows' token bitmask, as vLLM's EngineCore.step.
+        grammar_output = self.structured_output_manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
+        runner_output = self.model_runner.execute_model(scheduler_output, grammar_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:  # issue 12: only grammars left to wait for
+            self.structured_output_manager.wait_for_compilation(timeout=0.01)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         request_outputs, stopped_by_string = self.output_processor.process_outputs(core_outputs)
         if stopped_by_string:

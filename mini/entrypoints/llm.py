@@ -3,7 +3,8 @@
 Mirrors vllm/entrypoints/llm.py. Like vLLM's, `generate()` adds every prompt to the engine, then steps
 the engine until all of them finish, and returns the outputs in prompt order; `chat()` renders
 conversations with the chat template first (mini/entrypoints/chat_utils.py), then generates. The constructor takes
-the same keyword names as vLLM's engine arguments (the subset mini implements).
+the same keyword names as vLLM's engine arguments (the subset mini implements). `beam_search()` runs vLLM v1's
+beam search on top of `generate()`, one token per step (mini/beam_search.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from mini.beam_search import (
+    BeamSearchInstance,
+    BeamSearchOutput,
+    BeamSearchSequence,
+    create_sort_beams_key_function,
+)
 from mini.config import EngineConfig
 from mini.engine.llm_engine import LLMEngine
 from mini.entrypoints.chat_utils import (
@@ -23,7 +30,7 @@ from mini.entrypoints.chat_utils import (
     normalize_conversation,
 )
 from mini.outputs import RequestOutput
-from mini.sampling_params import SamplingParams
+from mini.sampling_params import BeamSearchParams, SamplingParams
 
 PromptType = str | dict[str, Any]
 
@@ -45,6 +52,8 @@ class LLM:
         prefix_caching_hash_algo: str = "builtin",
         scheduling_policy: str = "fcfs",
         num_gpu_blocks_override: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.9,
         skip_tokenizer_init: bool = False,
         attention_backend: str | None = None,
         device: str = "cpu",
@@ -64,6 +73,8 @@ class LLM:
             prefix_caching_hash_algo=prefix_caching_hash_algo,
             scheduling_policy=scheduling_policy,
             num_gpu_blocks_override=num_gpu_blocks_override,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
             skip_tokenizer_init=skip_tokenizer_init,
             attention_backend=attention_backend,
             device=device,
@@ -149,6 +160,105 @@ class LLM:
             )
             prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        *,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search as vLLM v1's `LLM.beam_search`: one `BeamSearchOutput` per prompt, best beam first.
+
+        Each step sends every live beam to the engine as a new request (prompt = the beam's tokens,
+        `max_tokens=1`, `logprobs=2 * beam_width`), extends each beam by each of its candidate tokens, moves
+        the candidates ending in EOS to the completed list (unless `ignore_eos`) and keeps the best
+        `beam_width` others by `get_beam_search_score`. After `max_tokens` steps the live and completed beams
+        are ranked together. With `enable_prefix_caching=True` every step's requests hit the cached blocks of
+        their shared prefix, so only the last partial block of each beam is prefilled again.
+        `concurrency_limit` searches that many prompts at a time. A sequence's `tokens` and `text` include
+        the prompt, as vLLM's; `text` is None without a tokenizer. All prompts and parameters are checked
+        before anything runs.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a mini.sampling_params.BeamSearchParams, got {type(params).__name__}")
+        engine = self.llm_engine
+        processor = engine.input_processor
+        if 2 * params.beam_width > processor.max_logprobs:
+            raise ValueError(f"beam_width must be at most {processor.max_logprobs // 2} (each step asks for "
+                             f"2 * beam_width logprobs, at most max_logprobs={processor.max_logprobs}), "
+                             f"got {params.beam_width}")
+        if concurrency_limit is not None and (
+            not isinstance(concurrency_limit, int) or isinstance(concurrency_limit, bool) or concurrency_limit < 1
+        ):
+            raise ValueError(f"concurrency_limit must be None or an int >= 1, got {concurrency_limit!r}")
+        # 2 * beam_width candidates per beam, as transformers' beam search keeps (vLLM cites it).
+        step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
+                                     temperature=params.temperature, detokenize=False)
+        max_model_len = engine.config.max_model_len
+        instances: list[BeamSearchInstance] = []
+        for index, prompt in enumerate(self._as_prompt_list(prompts)):
+            try:
+                request = processor.process(f"validate-{index}", prompt, step_params)
+            except (ValueError, TypeError) as error:
+                raise type(error)(f"prompt {index}: {error}") from None
+            num_prompt_tokens = len(request.prompt_token_ids)
+            if num_prompt_tokens + params.max_tokens > max_model_len:
+                raise ValueError(f"prompt {index}: max_tokens must be at most {max_model_len - num_prompt_tokens} "
+                                 f"(prompt of {num_prompt_tokens} tokens, max_model_len={max_model_len}), "
+                                 f"got {params.max_tokens}")
+            orig_prompt = {"prompt": request.prompt, "prompt_token_ids": list(request.prompt_token_ids),
+                           "cache_salt": request.cache_salt}
+            instances.append(BeamSearchInstance(orig_prompt, request.prompt_token_ids))
+
+        eos_token_id = None if params.ignore_eos else processor.eos_token_id
+        sort_beams_key = create_sort_beams_key_function(processor.eos_token_id, params.length_penalty)
+        limit = concurrency_limit or max(1, len(instances))
+        for start in range(0, len(instances), limit):
+            batch = instances[start:start + limit]
+            for _ in tqdm(range(params.max_tokens), desc="Beam search", unit="token", disable=not use_tqdm):
+                beams = [beam for instance in batch for beam in instance.beams]
+                if not beams:
+                    break
+                outputs = iter(self.generate([beam.get_prompt() for beam in beams], step_params, use_tqdm=False))
+                for instance in batch:
+                    candidates: list[BeamSearchSequence] = []
+                    for beam in instance.beams:
+                        logprobs = next(outputs).outputs[0].logprobs
+                        if not logprobs:  # nothing came back (vLLM: the request hit max_model_len or was aborted)
+                            continue
+                        for token_id, logprob in logprobs[0].items():
+                            candidate = BeamSearchSequence(
+                                orig_prompt=beam.orig_prompt, tokens=beam.tokens + [token_id],
+                                logprobs=beam.logprobs + [logprobs[0]],
+                                cum_logprob=beam.cum_logprob + logprob.logprob,
+                            )
+                            if token_id == eos_token_id:
+                                candidate.finish_reason = "stop"
+                                instance.completed.append(candidate)
+                            else:
+                                candidates.append(candidate)
+                    instance.beams = sorted(candidates, key=sort_beams_key, reverse=True)[:params.beam_width]
+
+        results = []
+        for instance in instances:
+            for beam in instance.beams:
+                beam.finish_reason = "length"
+            best = sorted(instance.completed + instance.beams, key=sort_beams_key, reverse=True)[:params.beam_width]
+            for beam in best:
+                beam.text = self._beam_text(beam, params.include_stop_str_in_output)
+            results.append(BeamSearchOutput(sequences=best))
+        return results
+
+    def _beam_text(self, beam: BeamSearchSequence, include_stop_str_in_output: bool) -> str | None:
+        tokenizer = self.llm_engine.tokenizer
+        if tokenizer is None:
+            return None
+        tokens = beam.tokens
+        if beam.finish_reason == "stop" and not include_stop_str_in_output:
+            tokens = tokens[:-1]   # the EOS token's text, e.g. "</s>"
+        return tokenizer.decode(tokens)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -32,6 +32,7 @@ from mini.sample.ops import penalties as penalties_ops
 from mini.sample.ops import topk_topp_sampler as sampler_ops
 from mini.sampling_params import SAMPLING_EPS
 from mini.seams import seam
+from mini.structured_output.bitmask import apply_token_bitmask_inplace
 
 
 @dataclass(slots=True)
@@ -73,7 +74,9 @@ class Sampler(nn.Module):
     def _fused_allowed(self) -> bool:
         return self.use_fused and not any(seams.is_overridden(name) for name in FUSED_SEAMS)
 
-    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
+    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata,
+                grammar_bitmask: tuple[torch.Tensor, torch.Tensor] | None = None) -> SamplerOutput:
+        """`grammar_bitmask`: structured output's (int32 [n, ceil(V/32)], rows [n]), applied first."""
         if logits.dim() != 2 or logits.shape[0] != sampling_metadata.num_rows:
             raise ValueError(f"logits must be [num_rows={sampling_metadata.num_rows}, vocab_size], "
                              f"got shape {tuple(logits.shape)}")
@@ -81,6 +84,8 @@ class Sampler(nn.Module):
             logits = logits.to(torch.float32)
         num_logprobs = sampling_metadata.max_num_logprobs
         raw_logprobs = None if num_logprobs is None else logprobs_ops.compute_logprobs(logits)
+        if grammar_bitmask is not None:  # structured output (issue 12): before any other logit edit
+            apply_token_bitmask_inplace(logits, *grammar_bitmask)
 
         logits = self.apply_logits_processors(logits, sampling_metadata)
         sampled = self.sample(logits, sampling_metadata).to(torch.int64)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from mini.core.sched.output import SchedulerOutput
     from mini.model.llama import LlamaForCausalLM
     from mini.sampling_params import SamplingParams
+    from mini.structured_output import GrammarOutput
 
 
 class ModelRunner:
@@ -144,7 +145,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ 3-5. the step
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None
+                      ) -> ModelRunnerOutput:
         self.update_states(scheduler_output)
         if self.input_batch.num_reqs == 0 or scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
@@ -158,7 +160,8 @@ class ModelRunner:
         is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens)]
         saved = {row: states[row].generator.get_state() for row in range(len(states))
                  if is_partial[row] and states[row].generator is not None}
-        sampler_output = self.sampler(logits, self._sampling_metadata(states))
+        sampler_output = self.sampler(logits, self._sampling_metadata(states),
+                                      grammar_bitmask=self._grammar_bitmask(grammar_output))  # issue 12
         for row, generator_state in saved.items():
             states[row].generator.set_state(generator_state)
 
@@ -178,6 +181,14 @@ class ModelRunner:
             logprobs=self._sampled_logprobs(states, sampler_output, is_partial),
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _grammar_bitmask(self, grammar_output: GrammarOutput | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Structured output (issue 12): (int32 bitmask [n, ceil(V/32)], batch rows [n]) or None."""
+        if grammar_output is None:
+            return None
+        rows = [self.input_batch.req_id_to_index[req_id] for req_id in grammar_output.structured_output_request_ids]
+        return (torch.from_numpy(grammar_output.grammar_bitmask).to(self.device),
+                torch.tensor(rows, dtype=torch.int64, device=self.device))
 
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
         return SamplingMetadata.build(

@@ -30,6 +30,7 @@ from mini.core.sched.output import (
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from mini.metrics.stats import SchedulerStats
 from mini.seams import seam
+from mini.structured_output import StructuredOutputManager
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
@@ -196,9 +197,17 @@ class Scheduler:
             req_index += 1
 
         # 2. Waiting requests, only when nobody was preempted this step.
+        skipped_waiting: list[Request] = []  # structured output (issue 12): grammars still compiling
         if not preempted:
             while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
                 request = self.waiting.peek_request()
+                # ---- structured output (issue 12): skip requests whose grammar is not compiled yet (vLLM)
+                if request.status == RequestStatus.WAITING_FOR_FSM:
+                    if not request.structured_output_request.is_grammar_ready():
+                        skipped_waiting.append(self.waiting.pop_request())
+                        continue
+                    request.status = RequestStatus.WAITING
+                # ---- end structured output
                 hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
                 num_new_tokens = request.num_tokens - num_hit_tokens
                 if not self.enable_chunked_prefill and num_new_tokens > token_budget:
@@ -219,6 +228,8 @@ class Scheduler:
                     request.num_cached_tokens = num_hit_tokens
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
+        for request in reversed(skipped_waiting):  # structured output (issue 12): back, in order
+            self.waiting.prepend_request(request)
 
         scheduler_output = self._make_output(scheduled_new, scheduled_running, num_scheduled_tokens,
                                              new_block_ids, preempted)
@@ -271,8 +282,16 @@ class Scheduler:
             new_token_ids = list(sampled[req_index]) if sampled else []
             is_stopped = False
             for position, token_id in enumerate(new_token_ids):
+                # ---- structured output (issue 12): the FSM takes the token, or the request ends here
+                refused = StructuredOutputManager.advance(request, int(token_id))
+                if refused is not None:
+                    request.status, request.stop_reason = RequestStatus.FINISHED_GRAMMAR_DEAD_END, refused
+                    is_stopped, new_token_ids = True, new_token_ids[:position]
+                    break
+                # ---- end structured output
                 request.append_output_token_ids(int(token_id))
-                if sched_utils.check_stop(request, self.max_request_len):
+                if sched_utils.check_stop(request, self.max_request_len) or \
+                        StructuredOutputManager.check_complete(request):  # issue 12: EOS taken by the FSM
                     is_stopped = True
                     new_token_ids = new_token_ids[:position + 1]
                     break

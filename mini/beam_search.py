@@ -1,0 +1,88 @@
+"""Mirrors vllm/beam_search.py: the state of beam search, which vLLM v1 runs at the entry point.
+
+vLLM v1's engine core knows nothing about beams. `LLM.beam_search` (mini/entrypoints/llm.py, as
+vllm/entrypoints/llm.py) keeps, per prompt, a `BeamSearchInstance`: the live `beams` and the `completed`
+ones. Every step it sends each live beam to the engine as a new one-token request whose prompt is the
+beam's tokens (prompt + generated so far), asking for `2 * beam_width` logprobs; each beam's candidates are
+its tokens plus one of those tokens. Candidates ending in EOS move to `completed`; the best `beam_width` of
+the rest, by `get_beam_search_score`, are the next live beams. The beams of one prompt share their prefix,
+so with prefix caching on, each step's requests find that prefix's full KV blocks in the cache and only
+prefill the tail: the sharing a V0-style beam search did with copy-on-write blocks, here for free.
+
+The score is vLLM's (adapted from transformers' old `BeamHypotheses.add`): the cumulative logprob divided
+by `seq_len ** length_penalty`, where `seq_len` counts EVERY token of the sequence, the prompt included,
+minus one when the last token is EOS. (transformers' current `generate(num_beams=...)` divides by the number
+of generated tokens, EOS included; see tests/test_entry_beam_search.py for where the two agree.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mini.outputs import Logprob
+
+
+@dataclass(slots=True)
+class BeamSearchSequence:
+    """One beam: all its tokens (the prompt included), one logprobs dict per generated token, and the sum
+    of the generated tokens' logprobs. `text` is filled in only when the beam is returned.
+
+    `orig_prompt` is the prompt dict the beam came from (its `cache_salt` travels with every step's
+    request, as in vLLM's `BeamSearchSequence.get_prompt`). `finish_reason` is "stop" for a beam that ended
+    in EOS and "length" for one cut at `max_tokens` (vLLM's LLM.beam_search leaves it None).
+    """
+
+    orig_prompt: dict[str, Any]
+    tokens: list[int]
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def get_prompt(self) -> dict[str, Any]:
+        """The token-id prompt that extends this beam by one token (keeps the original cache_salt)."""
+        prompt: dict[str, Any] = {"prompt_token_ids": list(self.tokens)}
+        if self.orig_prompt.get("cache_salt") is not None:
+            prompt["cache_salt"] = self.orig_prompt["cache_salt"]
+        return prompt
+
+
+@dataclass(slots=True)
+class BeamSearchOutput:
+    """The result of beam search for one prompt: the best `beam_width` sequences, best first."""
+
+    sequences: list[BeamSearchSequence]
+
+
+class BeamSearchInstance:
+    """The search state of one prompt: the live beams (one, the prompt, at the start) and the completed."""
+
+    __slots__ = ("beams", "completed")
+
+    def __init__(self, prompt: dict[str, Any], prompt_token_ids: list[int]) -> None:
+        self.beams: list[BeamSearchSequence] = [BeamSearchSequence(orig_prompt=prompt, tokens=list(prompt_token_ids))]
+        self.completed: list[BeamSearchSequence] = []
+
+
+def get_beam_search_score(
+    tokens: list[int], cumulative_logprob: float, eos_token_id: int | None, length_penalty: float = 1.0
+) -> float:
+    """cumulative_logprob / seq_len ** length_penalty; seq_len counts the prompt and drops a final EOS."""
+    seq_len = len(tokens)
+    if eos_token_id is not None and tokens[-1] == eos_token_id:
+        seq_len -= 1
+    return cumulative_logprob / (seq_len**length_penalty)
+
+
+def create_sort_beams_key_function(
+    eos_token_id: int | None, length_penalty: float
+) -> Callable[[BeamSearchSequence], float]:
+    """The sort key `LLM.beam_search` ranks beams by (higher is better)."""
+
+    def sort_beams_key(beam: BeamSearchSequence) -> float:
+        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos_token_id, length_penalty)
+
+    return sort_beams_key

@@ -1,0 +1,385 @@
+"""`AsyncLLM`: one engine loop running in the background, many callers streaming from it.
+
+Mirrors vllm/v1/engine/async_llm.py (AsyncLLM.generate / abort / shutdown, the per-request
+`RequestOutputCollector` of vllm/v1/engine/output_processor.py) and the busy loop of
+vllm/v1/engine/core.py (EngineCoreProc.run_busy_loop).
+
+vLLM runs the engine core in a separate process: the frontend (tokenizing, the HTTP server, the
+output handler task) talks to it over ZMQ, so the model never blocks the event loop. mini keeps one
+process and runs the engine loop on **one background thread**, not an asyncio task: `LLMEngine.step()`
+is a blocking forward pass (tens of ms on a CPU); inside an asyncio task it would freeze the event
+loop, and with it every HTTP connection and every token stream, for the whole step. On its own
+thread it plays the part of vLLM's engine-core process; PyTorch releases the GIL inside its kernels,
+so the event loop keeps serving while the model runs.
+
+The two sides meet at two places only:
+  * a command queue (add / abort), drained by the engine thread between steps. The engine object is
+    touched by that thread alone, so it needs no lock; `add` returns a future, so a bad request's
+    `ValueError` reaches its caller (and only its caller) before it starts iterating.
+  * one `RequestOutputCollector` per request, filled from the engine thread with
+    `loop.call_soon_threadsafe`. It holds at most ONE pending output: a slow reader gets the new deltas
+    merged into it (DELTA) or the newer snapshot replacing it (CUMULATIVE / FINAL_ONLY), as vLLM's
+    collector does. So nothing grows without bound: back-pressure is the scheduler's, which runs at most
+    `max_num_seqs` requests and `max_num_batched_tokens` tokens a step and keeps the rest waiting.
+
+A caller that stops iterating (closes the generator) or is cancelled (a client disconnect cancels the
+server's task) aborts its request: the abort is queued at once and the engine thread runs it before
+its next step, which frees the request's KV blocks. An exception while adding a request goes to that
+caller only; an exception inside `step()` cannot be pinned on one request of the batch, so every request
+in flight gets it (and is aborted, freeing its blocks) and the loop carries on with new requests.
+
+Statistics: after each step the loop hands `(SchedulerStats, IterationStats)` to each stat logger
+(vllm/v1/metrics/loggers.py); `IterationStats` carries the step's token counts and the per-request
+latencies measured when outputs leave the engine (time to first token, inter-token, end-to-end).
+A FINAL_ONLY request produces one output only, so its first-token time is its end-to-end time; the
+OpenAI server streams internally with DELTA for that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mini.config import EngineConfig
+from mini.engine.llm_engine import LLMEngine
+from mini.metrics.stats import SchedulerStats
+from mini.outputs import CompletionOutput, RequestOutput
+from mini.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# How long the idle engine thread sleeps on the command queue before checking for shutdown.
+IDLE_POLL_S = 0.05
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (shut down, or the engine failed beyond repair)."""
+
+
+class EngineStepError(RuntimeError):
+    """`LLMEngine.step()` raised while this request was in flight; the request was aborted."""
+
+
+# ---------------------------------------------------------------------------- output collection
+def merge_delta_outputs(pending: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """Fold a newer DELTA output into an unread one: texts/tokens/logprobs appended per sample index."""
+    by_index: dict[int, CompletionOutput] = {c.index: dataclasses.replace(c, token_ids=list(c.token_ids))
+                                             for c in pending.outputs}
+    for completion in new.outputs:
+        old = by_index.get(completion.index)
+        if old is None:
+            by_index[completion.index] = completion
+            continue
+        logprobs = old.logprobs
+        if completion.logprobs is not None:
+            logprobs = (logprobs or []) + list(completion.logprobs)
+        by_index[completion.index] = dataclasses.replace(
+            completion, text=old.text + completion.text, token_ids=old.token_ids + list(completion.token_ids),
+            logprobs=logprobs)
+    return dataclasses.replace(
+        new, outputs=[by_index[i] for i in sorted(by_index)],
+        prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
+
+
+class RequestOutputCollector:
+    """One request's mailbox (vLLM: RequestOutputCollector): at most one unread output, or an error.
+
+    `put` runs on the event loop (the engine thread schedules it with call_soon_threadsafe); `get`
+    awaits the next output.
+    """
+
+    def __init__(self, output_kind: RequestOutputKind, loop: asyncio.AbstractEventLoop) -> None:
+        self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.loop = loop
+        self.output: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | BaseException) -> None:
+        if isinstance(self.output, BaseException):
+            return  # an error already waits: it is final
+        if self.output is None or isinstance(output, BaseException) or not self.aggregate:
+            self.output = output
+        else:
+            self.output = merge_delta_outputs(self.output, output)
+        self.ready.set()
+
+    def put_threadsafe(self, output: RequestOutput | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.put, output)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            pass
+
+    async def get(self) -> RequestOutput:
+        while self.output is None:
+            await self.ready.wait()
+        output, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(output, BaseException):
+            raise output
+        return output
+
+
+# ---------------------------------------------------------------------------- statistics
+@dataclass(slots=True)
+class FinishedRequestStats:
+    """One finished request (vLLM: FinishedRequestStats)."""
+
+    request_id: str
+    finish_reason: str | None
+    e2e_latency_s: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """What one engine step produced (vLLM: vllm/v1/metrics/stats.py IterationStats)."""
+
+    num_prompt_tokens: int = 0             # prompts of requests that got their first token this step
+    num_generation_tokens: int = 0
+    time_to_first_tokens_s: list[float] = field(default_factory=list)
+    inter_token_latencies_s: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _RequestTiming:
+    arrival_time: float
+    output_kind: RequestOutputKind
+    num_tokens: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+
+StatLogger = Callable[[SchedulerStats, IterationStats], None]
+
+
+# ---------------------------------------------------------------------------- the engine
+class AsyncLLM:
+    """An `LLMEngine` driven by a background thread; `generate()` is an async stream per request."""
+
+    def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
+                 stat_loggers: list[StatLogger] | None = None) -> None:
+        if engine is None:
+            engine = LLMEngine(config or EngineConfig())
+        self.engine = engine
+        self.config = engine.config
+        self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
+        self.last_scheduler_stats: SchedulerStats | None = None
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._collectors: dict[str, RequestOutputCollector] = {}   # engine thread only
+        self._timings: dict[str, _RequestTiming] = {}              # engine thread only
+        self._aborting: dict[str, tuple[RequestOutputCollector, _RequestTiming | None]] = {}
+        self._stop = threading.Event()
+        self._dead_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run_engine_loop, name="mini-engine-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_engine_args(cls, **engine_args: Any) -> AsyncLLM:
+        """AsyncLLM(model=..., max_num_seqs=..., ...) with the same arguments as `LLM(...)`."""
+        return cls(EngineConfig(**engine_args))
+
+    # ------------------------------------------------------------------ the public surface
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def errored(self) -> bool:
+        return self._dead_error is not None
+
+    async def generate(self, prompt: Any, sampling_params: SamplingParams | None, request_id: str,
+                       priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the request's outputs; the last has `finished=True`.
+
+        Raises ValueError/TypeError (bad input, nothing was added) before the first output. Closing the
+        generator early or cancelling the task that iterates it aborts the request.
+        """
+        self._check_alive()
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        collector = RequestOutputCollector(params.output_kind, asyncio.get_running_loop())
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        finished = False
+        added = False
+        try:
+            self._commands.put(("add", (request_id, prompt, params, priority, collector, future)))
+            if not self._thread.is_alive():  # shut down between the check above and the put
+                self._refuse_queued(EngineDeadError("the engine loop has been shut down"))
+            await asyncio.wrap_future(future)
+            added = True
+            while True:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+                if finished:
+                    return
+        finally:
+            if not finished and (added or not future.done()):
+                self._commands.put(("abort", [request_id]))
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        """Abort requests (unknown or finished ids are ignored); their streams end with finish_reason 'abort'."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self._commands.put(("abort", ids))
+
+    async def get_scheduler_stats(self) -> SchedulerStats:
+        """A fresh `SchedulerStats`, taken on the engine thread between two steps."""
+        self._check_alive()
+        future: concurrent.futures.Future[SchedulerStats] = concurrent.futures.Future()
+        self._commands.put(("stats", future))
+        return await asyncio.wrap_future(future)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; requests still in flight get EngineDeadError. Idempotent."""
+        self._stop.set()
+        self._commands.put(("wake", None))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    def _check_alive(self) -> None:
+        if self._dead_error is not None:
+            raise EngineDeadError(f"the engine loop has stopped: {self._dead_error}")
+        if self._stop.is_set():
+            raise EngineDeadError("the engine loop has been shut down")
+
+    # ------------------------------------------------------------------ the engine thread
+    def _run_engine_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = self.engine.has_unfinished_requests()
+                self._drain_commands(block=not busy)
+                if self._stop.is_set():
+                    break
+                if self.engine.has_unfinished_requests():
+                    self._step_once()
+        except BaseException as error:  # a bug in the loop itself: fail everyone, refuse new requests
+            logger.exception("the engine loop died")
+            self._dead_error = error
+        finally:
+            error = self._dead_error or EngineDeadError("the engine was shut down")
+            self._fail_in_flight(error)
+            self._refuse_queued(error)
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle_command(*command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle_command(self, kind: str, payload: Any) -> None:
+        if kind == "add":
+            request_id, prompt, params, priority, collector, future = payload
+            if future.cancelled():
+                return
+            try:
+                self.engine.add_request(request_id, prompt, params, priority=priority)
+            except Exception as error:  # noqa: BLE001  (bad input, or any failure: only this caller hears it)
+                future.set_exception(error)
+                return
+            self._collectors[request_id] = collector
+            self._timings[request_id] = _RequestTiming(time.monotonic(), params.output_kind)
+            future.set_result(None)
+        elif kind == "abort":
+            live = [rid for rid in payload if rid in self._collectors]
+            if live:
+                self.engine.abort_request(live)
+                # The final "abort" outputs come out of the next step(); by then a new request may reuse
+                # the id, so they are routed by this table, not by `_collectors`.
+                for rid in live:
+                    self._aborting[rid] = (self._collectors.pop(rid), self._timings.pop(rid, None))
+        elif kind == "stats":
+            payload.set_result(self.engine.scheduler.make_stats())
+
+    def _step_once(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as error:
+            logger.exception("engine step failed; aborting the %d requests in flight", len(self._collectors))
+            failed = list(self._collectors)
+            self._fail_in_flight(EngineStepError(f"the engine step failed: {error!r}"))
+            self.engine.abort_request(failed)   # if this raises too, the loop dies (and says why)
+            return
+        now = time.monotonic()
+        iteration = IterationStats()
+        for output in outputs:
+            rid = output.request_id
+            if output.finished and rid in self._aborting:
+                collector, timing = self._aborting.pop(rid)
+            else:
+                collector, timing = self._collectors.get(rid), self._timings.get(rid)
+                if output.finished:
+                    self._collectors.pop(rid, None)
+                    self._timings.pop(rid, None)
+            if timing is not None:
+                self._record(output, timing, now, iteration)
+            if collector is not None:
+                collector.put_threadsafe(output)
+        if self.stat_loggers:
+            scheduler_stats = self.engine.scheduler.make_stats()
+            self.last_scheduler_stats = scheduler_stats
+            for stat_logger in self.stat_loggers:
+                try:
+                    stat_logger(scheduler_stats, iteration)
+                except Exception:
+                    logger.exception("stat logger %r failed", stat_logger)
+
+    @staticmethod
+    def _record(output: RequestOutput, timing: _RequestTiming, now: float, iteration: IterationStats) -> None:
+        produced = sum(len(c.token_ids) for c in output.outputs)
+        new_tokens = produced if timing.output_kind == RequestOutputKind.DELTA else produced - timing.num_tokens
+        if new_tokens > 0:
+            if timing.first_token_time is None:
+                timing.first_token_time = now
+                iteration.time_to_first_tokens_s.append(now - timing.arrival_time)
+                iteration.num_prompt_tokens += len(output.prompt_token_ids or [])
+            else:
+                iteration.inter_token_latencies_s.append(now - timing.last_token_time)
+            timing.last_token_time = now
+            timing.num_tokens += new_tokens
+            iteration.num_generation_tokens += new_tokens
+        if output.finished:
+            reasons = {c.finish_reason for c in output.outputs}
+            iteration.finished_requests.append(FinishedRequestStats(
+                request_id=output.request_id, finish_reason=reasons.pop() if len(reasons) == 1 else "mixed",
+                e2e_latency_s=now - timing.arrival_time, num_prompt_tokens=len(output.prompt_token_ids or []),
+                num_generation_tokens=timing.num_tokens))
+
+    def _fail_in_flight(self, error: BaseException) -> None:
+        collectors, self._collectors = self._collectors, {}
+        self._timings.clear()
+        collectors.update({rid: collector for rid, (collector, _) in self._aborting.items()})
+        self._aborting.clear()
+        for collector in collectors.values():
+            collector.put_threadsafe(error)
+
+    def _refuse_queued(self, error: BaseException) -> None:
+        while True:  # adds still queued: refuse them; stats requests: answer them
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add" and not payload[-1].done():
+                payload[-1].set_exception(EngineDeadError(str(error)))
+            elif kind == "stats" and not payload.done():
+                payload.set_exception(EngineDeadError(str(error)))

@@ -1,0 +1,203 @@
+"""Engine start-up: a profiling run at the maximum batch, then the KV cache sized from what remains.
+
+Mirrors vllm/v1/worker/gpu_worker.py (`Worker.determine_available_memory`: profile, then
+`requested_memory - non_kv_memory`), vllm/v1/worker/gpu_model_runner.py (`profile_run` / `_dummy_run` at
+`max_num_batched_tokens`) and vllm/v1/core/kv_cache_utils.py (`get_kv_cache_config`: bytes -> blocks, and
+the "GPU KV cache size: N tokens" / "Maximum concurrency for L tokens per request: Cx" log lines).
+
+The policy (what `LLMEngine` calls when `num_gpu_blocks_override` is None):
+
+* `kv_cache_memory_bytes` given: that many bytes of KV cache, no profiling (as vLLM: the user sized it).
+* CUDA: budget = `gpu_memory_utilization` x total GPU memory - (weights + peak activations of the
+  profiling run + memory other processes and non-torch allocations already hold), as vLLM.
+* CPU: there is no device memory to share and torch keeps no allocator statistics, so the budget is
+  `DEFAULT_KV_CACHE_BYTES` (512 MiB) capped by half the machine's available RAM minus the profiled peak
+  (the growth of the process' peak RSS during the profiling run: a lower bound, since the peak RSS only
+  moves once it passes the process' earlier peak). The profiling run doubles as a warm-up. On CPU (only) the cache is also capped
+  at what `max_num_seqs` sequences of `max_model_len` tokens can use: a laptop does not reserve
+  gigabytes it can never fill.
+* At least one full-length request must fit, else ValueError (vLLM: "To serve at least one request with the
+  model's max seq len ... KV cache is needed").
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mini.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
+from mini.utils import cdiv
+
+logger = logging.getLogger("mini.engine")
+
+# CPU: the KV cache may take at most this fraction of the RAM available at start-up.
+CPU_AVAILABLE_RAM_FRACTION = 0.5
+
+
+@dataclass(slots=True)
+class StartupReport:
+    """What start-up measured and decided (kept on the engine as `LLMEngine.startup_report`)."""
+
+    num_gpu_blocks: int                 # null block included
+    kv_cache_bytes: int                 # the budget the blocks were cut from
+    bytes_per_block: int
+    kv_cache_tokens: int                # (num_gpu_blocks - 1) x block_size
+    max_concurrency: float              # full-length requests that fit at once
+    peak_activation_bytes: int          # measured by the profiling run (0 when it did not run)
+    profile_seconds: float              # the profiling run's wall time
+    policy: str                         # "kv_cache_memory_bytes" | "gpu_memory_utilization" | "cpu_default"
+
+
+# ------------------------------------------------------------------------ the arithmetic (unit-tested)
+def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int, max_useful_blocks: int | None = None) -> int:
+    """Blocks a budget buys, plus the null block 0; capped at `max_useful_blocks` usable blocks if given."""
+    if bytes_per_block <= 0:
+        raise ValueError(f"bytes_per_block must be positive, got {bytes_per_block}")
+    usable = max(0, budget_bytes) // bytes_per_block
+    if max_useful_blocks is not None:
+        usable = min(usable, max_useful_blocks)
+    return usable + 1
+
+
+def gpu_kv_budget_bytes(total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
+                        peak_activation_bytes: int, non_torch_bytes: int) -> int:
+    """vLLM's `requested_memory - non_kv_cache_memory` (may be negative: then nothing is left)."""
+    requested = int(total_bytes * gpu_memory_utilization)
+    return requested - (weights_bytes + peak_activation_bytes + non_torch_bytes)
+
+
+def cpu_kv_budget_bytes(available_ram_bytes: int | None, peak_activation_bytes: int,
+                        default_bytes: int = DEFAULT_KV_CACHE_BYTES,
+                        fraction: float = CPU_AVAILABLE_RAM_FRACTION) -> int:
+    """min(default, fraction x available RAM - peak activations); the default when RAM is unknown."""
+    if available_ram_bytes is None:
+        return default_bytes
+    return min(default_bytes, int(available_ram_bytes * fraction) - peak_activation_bytes)
+
+
+def max_concurrency(num_gpu_blocks: int, block_size: int, max_model_len: int) -> float:
+    """How many requests of `max_model_len` tokens fit at once (vLLM logs it as 'Maximum concurrency')."""
+    return (num_gpu_blocks - 1) / cdiv(max_model_len, block_size)
+
+
+# ------------------------------------------------------------------------ measuring
+def available_ram_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+
+
+@torch.inference_mode()
+def profile_run(model: Any, config: EngineConfig) -> tuple[int, float]:
+    """One forward at the largest batch the scheduler can build -> (peak activation bytes, seconds).
+
+    `max_num_batched_tokens` prompt tokens split over min(max_num_seqs, tokens) sequences (vLLM's
+    `_dummy_run`), a throw-away KV cache just big enough for them, logits for each sequence's last token.
+    """
+    from mini.attention.reference import AttentionMetadata
+    from mini.worker.prepare_inputs import prepare_inputs
+
+    num_tokens = min(config.max_num_batched_tokens, config.max_num_seqs * int(config.max_model_len))
+    num_seqs = min(config.max_num_seqs, num_tokens)
+    lengths = [num_tokens // num_seqs + (1 if i < num_tokens % num_seqs else 0) for i in range(num_seqs)]
+    lengths = [min(length, int(config.max_model_len)) for length in lengths]
+    block_size = config.block_size
+    block_ids, next_block = [], 1
+    for length in lengths:
+        count = cdiv(length, block_size)
+        block_ids.append(list(range(next_block, next_block + count)))
+        next_block += count
+    token_ids = [[1] * length for length in lengths]
+    inputs = prepare_inputs(token_ids, [0] * num_seqs, lengths, block_ids, block_size).to(config.device)
+    query_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
+    metadata = AttentionMetadata(
+        num_actual_tokens=int(inputs.input_ids.shape[0]), query_start_loc=inputs.query_start_loc,
+        seq_lens=inputs.seq_lens, block_table=inputs.block_table, slot_mapping=inputs.slot_mapping,
+        max_query_len=int(query_lens.max()), max_seq_len=int(inputs.seq_lens.max()))
+    param = next(model.parameters())
+    shape = model.kv_cache_shape(next_block, block_size)
+    kv_caches = [torch.zeros(shape, dtype=param.dtype, device=param.device)
+                 for _ in range(model.config.num_hidden_layers)]
+    kv_bytes = sum(cache.numel() * cache.element_size() for cache in kv_caches)
+    on_cuda = param.device.type == "cuda"
+    if on_cuda:
+        torch.cuda.synchronize(param.device)
+        torch.cuda.reset_peak_memory_stats(param.device)
+        before = torch.cuda.memory_allocated(param.device)
+    else:
+        before = _peak_rss_bytes()
+    start = time.perf_counter()
+    hidden = model(inputs.input_ids, inputs.positions, kv_caches, metadata)
+    logits = model.compute_logits(hidden[inputs.logits_indices])
+    torch.softmax(logits, dim=-1)   # the sampler's biggest temporary
+    if on_cuda:
+        torch.cuda.synchronize(param.device)
+        peak = torch.cuda.max_memory_allocated(param.device) - before
+    else:
+        peak = max(0, _peak_rss_bytes() - before)
+    seconds = time.perf_counter() - start
+    del hidden, logits, kv_caches
+    if on_cuda:
+        torch.cuda.empty_cache()
+    return max(0, peak - (kv_bytes if on_cuda else 0)), seconds
+
+
+# ------------------------------------------------------------------------ the decision
+def determine_num_kv_blocks(model: Any, config: EngineConfig, hf_config: Any, bytes_per_block: int) -> StartupReport:
+    """Profile (when the budget depends on it), pick the budget by the policy above, log as vLLM."""
+    max_model_len = int(config.max_model_len)
+    blocks_per_request = cdiv(max_model_len, config.block_size)
+    peak, seconds = 0, 0.0
+    on_cuda = str(config.device).startswith("cuda")
+    if config.kv_cache_memory_bytes is not None:
+        policy, budget = "kv_cache_memory_bytes", config.kv_cache_memory_bytes
+        cap = None
+    elif on_cuda:
+        device = torch.device(config.device)
+        torch.cuda.empty_cache()
+        weights = torch.cuda.memory_allocated(device)
+        peak, seconds = profile_run(model, config)
+        free, total = torch.cuda.mem_get_info(device)
+        non_torch = max(0, (total - free) - torch.cuda.memory_reserved(device))
+        policy = "gpu_memory_utilization"
+        budget = gpu_kv_budget_bytes(total, config.gpu_memory_utilization, weights, peak, non_torch)
+        cap = None
+    else:
+        peak, seconds = profile_run(model, config)
+        policy, budget = "cpu_default", cpu_kv_budget_bytes(available_ram_bytes(), peak)
+        cap = config.max_num_seqs * blocks_per_request
+    num_gpu_blocks = num_blocks_for_budget(budget, bytes_per_block, cap)
+    if num_gpu_blocks - 1 < blocks_per_request:
+        raise ValueError(
+            f"the KV cache budget ({budget / 2**20:.1f} MiB, policy {policy}) holds {num_gpu_blocks - 1} blocks of "
+            f"{config.block_size} tokens, but one request of max_model_len={max_model_len} tokens needs "
+            f"{blocks_per_request}: raise kv_cache_memory_bytes or gpu_memory_utilization, or lower max_model_len")
+    report = StartupReport(
+        num_gpu_blocks=num_gpu_blocks, kv_cache_bytes=max(0, budget), bytes_per_block=bytes_per_block,
+        kv_cache_tokens=(num_gpu_blocks - 1) * config.block_size,
+        max_concurrency=max_concurrency(num_gpu_blocks, config.block_size, max_model_len),
+        peak_activation_bytes=peak, profile_seconds=seconds, policy=policy)
+    if peak or seconds:
+        logger.info("Memory profiling took %.2f seconds; peak activation memory %.2f MiB (%d tokens, %d seqs)",
+                    seconds, peak / 2**20, min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len),
+                    config.max_num_seqs)
+    logger.info("Available KV cache memory: %.2f MiB (policy %s); # KV blocks: %d", report.kv_cache_bytes / 2**20,
+                policy, num_gpu_blocks - 1)
+    logger.info("KV cache size: %s tokens", f"{report.kv_cache_tokens:,}")
+    logger.info("Maximum concurrency for %s tokens per request: %.2fx", f"{max_model_len:,}", report.max_concurrency)
+    return report

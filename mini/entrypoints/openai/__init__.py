@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (mirrors vllm/entrypoints/openai/): api_server, protocol, serving_*."""

@@ -1,0 +1,231 @@
+"""The OpenAI-compatible HTTP server: `python -m mini serve [MODEL] --host 127.0.0.1 --port 8000`.
+
+Mirrors vllm/entrypoints/openai/api_server.py (`build_app`, `run_server`) and vllm/entrypoints/cli/serve.py.
+FastAPI routes on one `AsyncLLM` (mini/engine/async_llm.py), served by uvicorn:
+
+    GET  /health               200 while the engine loop runs, 503 once it has died
+    GET  /v1/models            the served model (its name: --served-model-name, else MODEL, else "tiny-llama")
+    POST /v1/completions       mini/entrypoints/openai/serving_completion.py
+    POST /v1/chat/completions  mini/entrypoints/openai/serving_chat.py
+    GET  /metrics              Prometheus text (mini/entrypoints/openai/metrics.py)
+
+Every error is answered in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 for a
+body that does not parse or a bad parameter, 404 for a model this server does not serve. A client that
+disconnects cancels its handler, which aborts its engine requests (their KV blocks are freed before the
+next step): for streams Starlette does it, for whole responses `with_cancellation` below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from mini.engine.async_llm import AsyncLLM, EngineDeadError
+from mini.entrypoints.openai.metrics import PrometheusStatLogger
+from mini.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from mini.entrypoints.openai.serving_chat import OpenAIServingChat
+from mini.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from mini.entrypoints.openai.serving_engine import OpenAIError
+
+logger = logging.getLogger("mini.serve")
+
+SHIPPED_MODEL_NAME = "tiny-llama"
+
+
+def error_json(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.to_response().model_dump(), status_code=error.status_code)
+
+
+def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Cancel a non-streaming handler when its client disconnects (vLLM: entrypoints/utils.with_cancellation)."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raw_request: Request = kwargs["raw_request"]
+        handler_task = asyncio.ensure_future(handler(*args, **kwargs))
+
+        async def wait_for_disconnect() -> None:
+            while True:
+                message = await raw_request.receive()
+                if message["type"] == "http.disconnect":
+                    return
+
+        disconnect_task = asyncio.ensure_future(wait_for_disconnect())
+        done, _ = await asyncio.wait([handler_task, disconnect_task], return_when=asyncio.FIRST_COMPLETED)
+        if handler_task not in done:
+            handler_task.cancel()
+        disconnect_task.cancel()
+        await asyncio.gather(disconnect_task, return_exceptions=True)
+        if handler_task not in done:
+            await asyncio.gather(handler_task, return_exceptions=True)
+            return None
+        return handler_task.result()
+
+    return wrapper
+
+
+def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusStatLogger | None = None,
+              shutdown_engine: bool = True) -> FastAPI:
+    """The FastAPI app on `engine`. `shutdown_engine`: stop the engine loop when the app shuts down."""
+    stat_logger = stat_logger or PrometheusStatLogger(served_model_name)
+    if stat_logger not in engine.stat_loggers:
+        engine.stat_loggers.append(stat_logger)
+    names = [served_model_name]
+    completions = OpenAIServingCompletion(engine, names)
+    chat = OpenAIServingChat(engine, names)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
+        yield
+        if shutdown_engine:
+            engine.shutdown()
+
+    app = FastAPI(title="mini OpenAI-compatible server", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.stat_logger = stat_logger
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, error: OpenAIError) -> JSONResponse:
+        return error_json(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        problems = error.errors()
+        param = ".".join(str(p) for p in problems[0].get("loc", ())[1:]) if problems else None
+        message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+                            for e in problems)
+        return error_json(OpenAIError(message or "invalid request body", param=param or None))
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, error: EngineDeadError) -> JSONResponse:
+        return error_json(OpenAIError(str(error), 503, "ServiceUnavailableError"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.is_running and not engine.errored else 503)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=served_model_name, root=served_model_name,
+                                         max_model_len=completions.max_model_len)])
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(stat_logger.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def respond(result: Any) -> Response:
+        if result is None:  # the client went away
+            return Response(status_code=499)
+        if isinstance(result, AsyncGenerator):
+            return StreamingResponse(result, media_type="text/event-stream")
+        return JSONResponse(result.model_dump())
+
+    @app.post("/v1/completions")
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        return await respond(await with_cancellation(_completion)(request, raw_request=raw_request))
+
+    async def _completion(request: CompletionRequest, raw_request: Request) -> Any:
+        return await completions.create_completion(request)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await respond(await with_cancellation(_chat)(request, raw_request=raw_request))
+
+    async def _chat(request: ChatCompletionRequest, raw_request: Request) -> Any:
+        return await chat.create_chat_completion(request)
+
+    return app
+
+
+# ---------------------------------------------------------------------------- in-process server
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int | None = None,
+                    start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Run uvicorn on a thread (tests, benchmarks, notebooks); yields the base URL, stops it on exit."""
+    import uvicorn
+
+    port = free_port(host) if port is None else port
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="mini-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the server did not start on {host}:{port} within {start_timeout_s} s")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(start_timeout_s)
+
+
+# ---------------------------------------------------------------------------- the command line
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("model", nargs="?", default=None,
+                        help="local HF folder, .gguf file or offline hub id (default: the shipped tiny model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                        help="bytes of KV cache (default: sized at start-up, mini/engine/startup.py)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--enable-prefix-caching", action="store_true")
+    parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
+    return {"model": args.model, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                "max_model_len": args.max_model_len, "block_size": args.block_size,
+                "num_gpu_blocks_override": args.num_gpu_blocks_override,
+                "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                "gpu_memory_utilization": args.gpu_memory_utilization,
+                "enable_prefix_caching": args.enable_prefix_caching, "scheduling_policy": args.scheduling_policy,
+                "device": args.device, "dtype": args.dtype, "seed": args.seed}
+
+
+def served_name(args: argparse.Namespace) -> str:
+    return args.served_model_name or args.model or SHIPPED_MODEL_NAME
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    parser = add_serve_arguments(argparse.ArgumentParser(
+        prog="python -m mini serve", description="an OpenAI-compatible server on one mini engine"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    engine = AsyncLLM.from_engine_args(**engine_args_from(args))
+    app = build_app(engine, served_name(args))
+    logger.info("serving %s on http://%s:%d", served_name(args), args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
