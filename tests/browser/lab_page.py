@@ -112,7 +112,8 @@ def start_jupyterlab(repo_root: Path, workdir: Path, timeout_s: float = 90.0) ->
     log_path = workdir / "jupyterlab.log"
     command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
                f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-               f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={workdir / 'workspaces'}"]
+               f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={workdir / 'workspaces'}",
+               "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: open the next notebook without a reload
     with log_path.open("w") as log:
         process = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     lab = JupyterLab(root, f"http://127.0.0.1:{port}", token, process, log_path)
@@ -160,9 +161,20 @@ class NotebookPage:
     def __init__(self, lab: JupyterLab, browser: Any, relative_path: str):
         self.lab, self.browser, self.path = lab, browser, relative_path
         self.browser.get_log("browser")  # drop what earlier pages logged
-        workspace = Path(relative_path).stem
-        browser.get(f"{lab.url}/lab/workspaces/{workspace}/tree/{relative_path}?reset&token={lab.token}")
+        if self.js("return typeof window.jupyterapp === 'object' && window.location.href.includes('/lab');"):
+            # JupyterLab is already loaded: close every tab and open this notebook in place (a full page load
+            # per notebook costs seconds of JavaScript start-up on 2 cores).
+            self.js("const app = window.jupyterapp;"
+                    "app.commands.execute('application:close-all')"
+                    "  .then(() => app.commands.execute('docmanager:open', {path: arguments[0]}));", relative_path)
+        else:
+            browser.get(f"{lab.url}/lab/workspaces/mini-browser-tests/tree/{relative_path}?reset&token={lab.token}")
+        wait_for(lambda: self.current_path() == relative_path, 60, f"{relative_path} to open")
         wait_for(lambda: self.kernel_status() == "idle", 120, f"the kernel of {relative_path} to start")
+
+    def current_path(self) -> str | None:
+        return self.js("const app = window.jupyterapp; const w = app && app.shell.currentWidget;"
+                       "return w && w.context ? w.context.path : null;")
 
     def js(self, script: str, *args: Any) -> Any:
         return self.browser.execute_script(script, *args)
