@@ -77,7 +77,7 @@ def _require_str_list(name: str, value: object) -> list[str]:
     return list(value)
 
 
-# ---- structured output (issue 12): the request's format constraint, checked again at add_request
+# ---- structured output: the request's format constraint, checked again at add_request
 STRUCTURED_OUTPUT_KINDS = ("regex", "json", "choice", "json_object")
 
 
@@ -149,7 +149,7 @@ class SamplingParams:
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None
-    structured_outputs: StructuredOutputsParams | None = None  # issue 12: regex / json / choice / json_object
+    structured_outputs: StructuredOutputsParams | None = None  # structured output: regex / json / choice / json_object
 
     # Set in __post_init__ / by the engine; not constructor arguments.
     output_text_buffer_length: int = field(default=0, init=False)

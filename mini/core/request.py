@@ -21,7 +21,7 @@ class RequestStatus(enum.IntEnum):
     """Life cycle of a request. Every status after PREEMPTED is a finished one (as in vLLM)."""
 
     WAITING = enum.auto()
-    WAITING_FOR_FSM = enum.auto()  # structured output: grammar still compiling (issue 12)
+    WAITING_FOR_FSM = enum.auto()  # structured output: grammar still compiling
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -97,7 +97,7 @@ class Request:
         self.stop_reason: int | str | None = None
         # Prefix-cache hit length the first time the request was scheduled (-1: not scheduled yet).
         self.num_cached_tokens = -1
-        # Structured output (issue 12): the grammar state; WAITING_FOR_FSM until it is compiled.
+        # Structured output: the grammar state; WAITING_FOR_FSM until it is compiled.
         from mini.structured_output.request import StructuredOutputRequest
 
         self.structured_output_request = StructuredOutputRequest.from_sampling_params(sampling_params)

@@ -146,7 +146,7 @@ class InputProcessor:
                 raise ValueError(f"{name}={requested} is more than the maximum allowed, {self.max_logprobs}")
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words need a tokenizer, but this engine has none (skip_tokenizer_init=True)")
-        if params.structured_outputs is not None:  # issue 12: parse + check the spec now, compile later
+        if params.structured_outputs is not None:  # structured output: parse + check the spec now, compile later
             if self.tokenizer is None:
                 raise ValueError("structured_outputs need a tokenizer, but this engine has none "
                                  "(skip_tokenizer_init=True)")

@@ -64,7 +64,7 @@ class LLMEngine:
             self.tokenizer, self.vocab_size, max_model_len, self._eos_token_id()
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        # Structured output (issue 12): compiles grammars on a worker thread, builds per-step bitmasks.
+        # Structured output: compiles grammars on a worker thread, builds per-step bitmasks.
         self.structured_output_manager = StructuredOutputManager(self.tokenizer, self.vocab_size,
                                                                  self._eos_token_id())
         self._pending_outputs: list[RequestOutput] = []
@@ -144,7 +144,7 @@ class LLMEngine:
         if params.n == 1:
             request = Request.from_engine_core_request(core_request)
             self.scheduler.add_request(request)
-            self.structured_output_manager.grammar_init(request)  # issue 12: compile off the step loop
+            self.structured_output_manager.grammar_init(request)  # structured output: compile off the step loop
             self.output_processor.add_request(core_request)
             return
         parent = ParentRequest(core_request)
@@ -153,7 +153,7 @@ class LLMEngine:
             child = dataclasses.replace(core_request, request_id=child_id, sampling_params=child_params)
             child_request = Request.from_engine_core_request(child)
             self.scheduler.add_request(child_request)
-            self.structured_output_manager.grammar_init(child_request)  # issue 12
+            self.structured_output_manager.grammar_init(child_request)  # structured output
             self.output_processor.add_request(child, parent, index)
 
     @seam("step")
@@ -164,10 +164,10 @@ class LLMEngine:
             return outputs
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
-        # Structured output (issue 12): the constrained rows' token bitmask, as vLLM's EngineCore.step.
+        # Structured output: the constrained rows' token bitmask, as vLLM's EngineCore.step.
         grammar_output = self.structured_output_manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
         runner_output = self.model_runner.execute_model(scheduler_output, grammar_output)
-        if scheduler_output.total_num_scheduled_tokens == 0:  # issue 12: only grammars left to wait for
+        if scheduler_output.total_num_scheduled_tokens == 0:  # structured output: only grammars left to wait for
             self.structured_output_manager.wait_for_compilation(timeout=0.01)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         request_outputs, stopped_by_string = self.output_processor.process_outputs(core_outputs)

@@ -84,7 +84,7 @@ class Sampler(nn.Module):
             logits = logits.to(torch.float32)
         num_logprobs = sampling_metadata.max_num_logprobs
         raw_logprobs = None if num_logprobs is None else logprobs_ops.compute_logprobs(logits)
-        if grammar_bitmask is not None:  # structured output (issue 12): before any other logit edit
+        if grammar_bitmask is not None:  # structured output: before any other logit edit
             apply_token_bitmask_inplace(logits, *grammar_bitmask)
 
         logits = self.apply_logits_processors(logits, sampling_metadata)

@@ -161,7 +161,7 @@ class ModelRunner:
         saved = {row: states[row].generator.get_state() for row in range(len(states))
                  if is_partial[row] and states[row].generator is not None}
         sampler_output = self.sampler(logits, self._sampling_metadata(states),
-                                      grammar_bitmask=self._grammar_bitmask(grammar_output))  # issue 12
+                                      grammar_bitmask=self._grammar_bitmask(grammar_output))  # structured output
         for row, generator_state in saved.items():
             states[row].generator.set_state(generator_state)
 
@@ -183,7 +183,7 @@ class ModelRunner:
         )
 
     def _grammar_bitmask(self, grammar_output: GrammarOutput | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Structured output (issue 12): (int32 bitmask [n, ceil(V/32)], batch rows [n]) or None."""
+        """Structured output: (int32 bitmask [n, ceil(V/32)], batch rows [n]) or None."""
         if grammar_output is None:
             return None
         rows = [self.input_batch.req_id_to_index[req_id] for req_id in grammar_output.structured_output_request_ids]

@@ -197,11 +197,11 @@ class Scheduler:
             req_index += 1
 
         # 2. Waiting requests, only when nobody was preempted this step.
-        skipped_waiting: list[Request] = []  # structured output (issue 12): grammars still compiling
+        skipped_waiting: list[Request] = []  # structured output: grammars still compiling
         if not preempted:
             while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
                 request = self.waiting.peek_request()
-                # ---- structured output (issue 12): skip requests whose grammar is not compiled yet (vLLM)
+                # ---- structured output: skip requests whose grammar is not compiled yet (vLLM)
                 if request.status == RequestStatus.WAITING_FOR_FSM:
                     if not request.structured_output_request.is_grammar_ready():
                         skipped_waiting.append(self.waiting.pop_request())
@@ -228,7 +228,7 @@ class Scheduler:
                     request.num_cached_tokens = num_hit_tokens
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
-        for request in reversed(skipped_waiting):  # structured output (issue 12): back, in order
+        for request in reversed(skipped_waiting):  # structured output: back, in order
             self.waiting.prepend_request(request)
 
         scheduler_output = self._make_output(scheduled_new, scheduled_running, num_scheduled_tokens,
@@ -282,7 +282,7 @@ class Scheduler:
             new_token_ids = list(sampled[req_index]) if sampled else []
             is_stopped = False
             for position, token_id in enumerate(new_token_ids):
-                # ---- structured output (issue 12): the FSM takes the token, or the request ends here
+                # ---- structured output: the FSM takes the token, or the request ends here
                 refused = StructuredOutputManager.advance(request, int(token_id))
                 if refused is not None:
                     request.status, request.stop_reason = RequestStatus.FINISHED_GRAMMAR_DEAD_END, refused
@@ -291,7 +291,7 @@ class Scheduler:
                 # ---- end structured output
                 request.append_output_token_ids(int(token_id))
                 if sched_utils.check_stop(request, self.max_request_len) or \
-                        StructuredOutputManager.check_complete(request):  # issue 12: EOS taken by the FSM
+                        StructuredOutputManager.check_complete(request):  # structured output: EOS taken by the FSM
                     is_stopped = True
                     new_token_ids = new_token_ids[:position + 1]
                     break
