@@ -129,6 +129,14 @@ def check_fsm_buttons(page: NotebookPage) -> None:
     wait_for(lambda: _fsm_lines(page, box)[0] == "tokens so far: []", 30, "reset to empty the prefix")
 
 
+def check_live_dashboard(page: NotebookPage) -> None:
+    """Phase 13's dashboard (an Output widget the engine's stat logger redraws during a burst of clients)
+    ends showing its chart: an image inside the widget, not an empty box."""
+    images = page.js("return [...document.querySelectorAll('.jp-OutputArea-output .widget-output')]"
+                     ".map(o => o.querySelectorAll('img').length);")
+    assert images and max(images) >= 1, f"the dashboard widget drew no chart (images per Output widget: {images})"
+
+
 @pytest.mark.parametrize("assignment_id", list_assignments())
 def test_phase_runs_and_renders_in_jupyterlab(assignment_id, lab, browser, artifacts):
     path = f"solutions/{assignment_id}/{assignment_id}.ipynb"
@@ -145,6 +153,8 @@ def test_phase_runs_and_renders_in_jupyterlab(assignment_id, lab, browser, artif
         if assignment_id == "11_structured_output":
             check_fsm_buttons(page)
             page.screenshot(artifacts / f"{assignment_id}-fsm.png")
+        if assignment_id == "13_serving":
+            check_live_dashboard(page)
     finally:
         lab.shutdown_kernels()
 
