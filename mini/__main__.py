@@ -21,6 +21,7 @@ BENCHMARKS = {
     "attention": "mini.bench.attention",
     "structured": "mini.bench.structured",
     "serve": "mini.bench.serve",
+    "spec": "mini.bench.spec",
 }
 
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
-                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve] [--help | options]` (engine by default)")
+                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec] [--help | options]` (engine by default)")
     return parser
 
 

@@ -14,6 +14,7 @@ import torch
 
 from mini.attention import ATTENTION_BACKEND_MODULES
 from mini.core.sched.request_queue import SchedulingPolicy
+from mini.spec_decode.config import SpeculativeConfig
 
 SHIPPED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama"
 SHIPPED_DRAFT_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama-draft"
@@ -53,8 +54,15 @@ class EngineConfig:
     dtype: str = "float32"
     seed: int = 0
     logits_processors: list = field(default_factory=list)
+    # Speculative decoding, as vLLM's `speculative_config` dict (mini/spec_decode/config.py); parsed into a
+    # SpeculativeConfig here, so after construction it is a SpeculativeConfig or None.
+    speculative_config: dict | SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.speculative_config is not None and self.logits_processors:
+            raise ValueError("speculative_config cannot be combined with custom logits_processors: a processor "
+                             "sees one position per row, while verification scores k + 1 positions at once")
         self._check_positive_int("block_size", self.block_size)
         self._check_positive_int("max_num_seqs", self.max_num_seqs)
         self._check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -125,7 +133,7 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
     def resolved_attention_backend(self) -> str:
-        """torch on CPU, triton on CUDA, unless asked for explicitly."""
+        """torch_fast on CPU, triton on CUDA, unless asked for explicitly ("torch": the phase 03 reference)."""
         if self.attention_backend is not None:
             return self.attention_backend
-        return "triton" if str(self.device).startswith("cuda") else "torch"
+        return "triton" if str(self.device).startswith("cuda") else "torch_fast"

@@ -92,10 +92,11 @@ class FakeRunner:
 
 
 def run_to_completion(scheduler: Scheduler, requests: list[Request], abort_at: dict[str, int] | None = None,
-                      max_steps: int = 2000) -> tuple[dict[str, list[int]], dict[str, str], list[SchedulerOutput]]:
+                      max_steps: int = 2000, runner: FakeRunner | None = None,
+                      ) -> tuple[dict[str, list[int]], dict[str, str], list[SchedulerOutput]]:
     """Drive the scheduler with the fake runner; return each request's tokens and finish reason."""
     manager = scheduler.kv_cache_manager
-    runner = FakeRunner(manager.block_pool.num_gpu_blocks, manager.block_size)
+    runner = runner or FakeRunner(manager.block_pool.num_gpu_blocks, manager.block_size)
     arrivals: dict[int, list[Request]] = {}
     for request in requests:
         arrivals.setdefault(int(request.arrival_time), []).append(request)

@@ -62,6 +62,7 @@ class Request:
         "prompt_token_ids",
         "request_id",
         "sampling_params",
+        "spec_token_ids",
         "status",
         "stop_reason",
         "structured_output_request",
@@ -90,6 +91,8 @@ class Request:
         # Prefix-cache namespace (vLLM: Request.cache_salt): only requests with the same salt share blocks.
         self.cache_salt = cache_salt
         self.output_token_ids: list[int] = []
+        # Speculative decoding: draft tokens proposed after the last step, verified in the next one.
+        self.spec_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
@@ -120,6 +123,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Tokens plus the draft tokens waiting to be verified (vLLM: `Request.num_tokens_with_spec`)."""
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

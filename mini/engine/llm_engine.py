@@ -136,6 +136,9 @@ class LLMEngine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if self.config.speculative_config is not None and params.structured_outputs is not None:
+            raise ValueError("structured_outputs cannot be used with speculative_config in mini: drafts are not "
+                             "checked against the grammar; start an engine without speculative_config for it")
         arrival_time = time.time() if arrival_time is None else arrival_time
         core_request = self.input_processor.process(request_id, prompt, params, arrival_time, priority)
 

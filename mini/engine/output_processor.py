@@ -12,12 +12,14 @@ processor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mini.engine.detokenizer import IncrementalDetokenizer
 from mini.engine.logprobs import LogprobsProcessor
 from mini.engine.parallel_sampling import ParentRequest
+from mini.metrics.stats import SpecDecodingStats
 from mini.outputs import CompletionOutput, RequestOutput
 from mini.sampling_params import RequestOutputKind
 
@@ -46,6 +48,8 @@ class RequestState:
     detokenizer: IncrementalDetokenizer
     logprobs_processor: LogprobsProcessor
     num_cached_tokens: int = 0
+    # Speculative decoding: this request's own drafts and accepted drafts (RequestOutput.metrics).
+    spec_decoding_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
 
     @classmethod
     def from_new_request(
@@ -80,10 +84,13 @@ class RequestState:
         delta = self.output_kind == RequestOutputKind.DELTA
         prompt_logprobs = (self.logprobs_processor.pop_prompt_logprobs() if delta
                            else self.logprobs_processor.prompt_logprobs)
+        spec = self.spec_decoding_stats
         return RequestOutput(
             request_id=request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
             prompt_logprobs=prompt_logprobs, outputs=outputs, finished=finished,
             num_cached_tokens=self.num_cached_tokens,
+            metrics={"spec_decoding": dataclasses.replace(
+                spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos))} if spec.num_drafts else None,
         )
 
     def _new_completion_output(
@@ -184,6 +191,9 @@ class OutputProcessor:
             stop_reason = engine_core_output.stop_reason
             finished_in_core = finish_reason is not None
             req_state.num_cached_tokens = engine_core_output.num_cached_tokens
+            if engine_core_output.num_draft_tokens:  # speculative decoding
+                req_state.spec_decoding_stats.observe_draft(engine_core_output.num_draft_tokens,
+                                                            engine_core_output.num_accepted_tokens)
 
             stop_string = req_state.detokenizer.update(new_token_ids, finish_reason == "stop")
             if stop_string is not None:

@@ -60,6 +60,7 @@ class LLM:
         dtype: str = "float32",
         seed: int = 0,
         logits_processors: Sequence[type] | None = None,
+        speculative_config: dict[str, Any] | None = None,
     ) -> None:
         config = EngineConfig(
             model=model,
@@ -81,6 +82,7 @@ class LLM:
             dtype=dtype,
             seed=seed,
             logits_processors=list(logits_processors or []),
+            speculative_config=speculative_config,
         )
         self.llm_engine = LLMEngine(config)
         self.request_counter = itertools.count()

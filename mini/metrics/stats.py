@@ -5,6 +5,9 @@ prefix-cache counters) that the engine hands to its stat loggers. mini's has the
 state a teaching view draws: every request's block table and progress, the free-block queue in order
 and each block's reference count. Views and tests read this, not the scheduler's internals.
 
+`SpecDecodingStats` counts drafts and accepted drafts as vllm/v1/spec_decode/metrics.py does (same field
+names), again as running totals.
+
 `PrefixCacheStats` counts prefix-cache lookups as vLLM's does (`requests`, `queries` = tokens looked
 up, `hits` = tokens found cached; `reset` after `reset_prefix_cache()`). vLLM's scheduler hands over
 the counts since its last `make_stats()` and the stat logger adds them up; mini's snapshot carries the
@@ -38,6 +41,41 @@ class PrefixCacheStats:
 
 
 @dataclass(slots=True)
+class SpecDecodingStats:
+    """Speculative decoding's counters (vLLM: vllm/v1/spec_decode/metrics.py, `SpecDecodingStats`).
+
+    One *draft* is one request's run of proposed tokens verified in one step; `num_accepted_tokens_per_pos[i]`
+    counts the drafts whose token at position i was accepted (so it never grows along the list).
+    """
+
+    num_spec_tokens: int = 0                 # k, the most drafts a request gets per step
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        self.num_spec_tokens = max(self.num_spec_tokens, num_draft_tokens)
+        missing = self.num_spec_tokens - len(self.num_accepted_tokens_per_pos)
+        self.num_accepted_tokens_per_pos.extend([0] * missing)
+        for position in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[position] += 1
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        """accepted / proposed draft tokens (0.0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verified draft: 1 (the target's own token) + accepted drafts, as vLLM logs it."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass(slots=True)
 class SchedulerStats:
     """The scheduler and its KV pool right after `schedule()` (or between steps)."""
 
@@ -60,3 +98,5 @@ class SchedulerStats:
     cached_block_ids: list[int] = field(default_factory=list)      # blocks a hit can resolve to now, sorted
     num_cached_tokens: dict[str, int] = field(default_factory=dict)  # each unfinished request's first hit
     request_block_hashes: dict[str, list[int]] = field(default_factory=dict)  # each one's full-block chain
+    # Speculative decoding (zero when it is off): running totals.
+    spec_decoding_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)

@@ -29,6 +29,7 @@ from mini.sample.logprobs import LogprobsTensors
 from mini.sample.metadata import SamplingMetadata, make_padded_tensor
 from mini.sample.ops import bad_words as bad_words_ops
 from mini.sample.ops import penalties as penalties_ops
+from mini.sample.ops import topk_topp as topk_topp_ops
 from mini.sample.ops import topk_topp_sampler as sampler_ops
 from mini.sampling_params import SAMPLING_EPS
 from mini.seams import seam
@@ -94,6 +95,28 @@ class Sampler(nn.Module):
         if raw_logprobs is not None:
             logprobs_tensors = logprobs_ops.gather_logprobs(raw_logprobs, num_logprobs, sampled)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
+
+    def compute_probs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The distribution `sample` draws each row from, as probabilities `[N, V]`: every edit of
+        `forward` (processors, penalties, temperature, min-p, top-k / top-p), then softmax. Greedy rows get
+        a one-hot at the token `sample` picks (the argmax before temperature), so nothing can tie it.
+
+        Speculative decoding's target distribution p at each draft position (mini/worker/spec_decode.py).
+        """
+        logits = self.apply_logits_processors(logits, metadata)
+        greedy = None if metadata.all_random else greedy_sample(logits)
+        if metadata.all_greedy:
+            return torch.nn.functional.one_hot(greedy, logits.shape[1]).to(torch.float32)
+        assert metadata.temperature is not None
+        logits = apply_temperature(logits, metadata.temperature, metadata.all_random)
+        for processor in metadata.logitsprocs.argmax_invariant:
+            logits = processor.apply(logits)
+        logits = topk_topp_ops.apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        if greedy is not None:
+            is_greedy = metadata.temperature < SAMPLING_EPS
+            probs[is_greedy] = torch.nn.functional.one_hot(greedy[is_greedy], logits.shape[1]).to(torch.float32)
+        return probs
 
     def apply_logits_processors(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """The edits that may move the argmax, so they run before greedy rows pick theirs."""

@@ -42,6 +42,8 @@ class CachedRequestState:
     generator: torch.Generator | None  # set when sampling_params.seed is not None
     block_ids: list[int]
     num_computed_tokens: int
+    # Speculative decoding: the drafts scheduled for verification this step (fed after all_token_ids).
+    spec_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -10,6 +10,10 @@ Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_
   4. logits only at `logits_indices` (each request's last scheduled token), then the sampler.
   5. a request still in the middle of its prompt (chunked prefill) discards its sample; the others
      append the token to the runner's own copy of the request, ready to be fed next step.
+
+With speculative decoding (mini/spec_decode/), a request scheduled with drafts feeds them after its last
+token; step 4 then scores every draft position and the rejection sampler decides how many to keep
+(spec_decode.py), and after the step the drafter proposes the next drafts (`ModelRunnerOutput.spec_token_ids`).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from mini.sample.logprobs import compute_logprobs, gather_logprobs, logprobs_to_
 from mini.sample.metadata import SamplingMetadata
 from mini.sample.sampler import Sampler
 from mini.seams import seam
+from mini.spec_decode.proposer import build_drafter
 from mini.worker.input_batch import CachedRequestState, InputBatch
 from mini.worker.model_runner_output import ModelRunnerOutput
+from mini.worker.spec_decode import SpecDecodeMetadata, verify_drafts
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
@@ -64,6 +70,10 @@ class ModelRunner:
             engine_config=config, max_num_reqs=int(config.max_num_seqs),
         )
         self.sampler = Sampler()
+        # Speculative decoding: proposes each request's next drafts after every step (None: off).
+        self.drafter = None
+        if config.speculative_config is not None:
+            self.drafter = build_drafter(config, model, self.num_blocks)
         # The last step's flat batch (views and benchmarks read it); its AttentionMetadata is a view of the
         # same tensors, rebuilt by `build_attention_metadata` where needed rather than stored twice.
         self.last_inputs: batch_inputs.PreparedInputs | None = None
@@ -130,14 +140,15 @@ class ModelRunner:
         scheduled = [scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
         computed = [state.num_computed_tokens for state in states]
         if seams.is_overridden("prepare_inputs"):
-            inputs = batch_inputs.prepare_inputs([state.all_token_ids for state in states], computed, scheduled,
+            inputs = batch_inputs.prepare_inputs([state.all_token_ids + state.spec_token_ids for state in states],
+                                                 computed, scheduled,
                                                  [state.block_ids for state in states], self.block_size)
         else:
             block_table = self.input_batch.block_table
             for row, state in enumerate(states):
                 block_table.sync_row(row, state, state.block_ids)
             input_ids = [token for state, start, count in zip(states, computed, scheduled)
-                         for token in state.all_token_ids[start: start + count]]
+                         for token in _fed_tokens(state, start, count)]
             inputs = batch_inputs.assemble_inputs(input_ids, computed, scheduled, block_table.get(len(states)),
                                                   self.block_size)
         inputs = inputs.to(self.device)
@@ -148,6 +159,8 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None
                       ) -> ModelRunnerOutput:
         self.update_states(scheduler_output)
+        for state in self.input_batch.occupied_requests():  # speculative decoding: this step's drafts
+            state.spec_token_ids = list(scheduler_output.scheduled_spec_decode_tokens.get(state.req_id, ()))
         if self.input_batch.num_reqs == 0 or scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
         inputs, metadata = self.prepare_inputs(scheduler_output)
@@ -158,28 +171,46 @@ class ModelRunner:
         seq_lens = inputs.seq_lens.tolist()
         # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards.
         is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens)]
+        # Speculative decoding: rows with drafts are sampled by verification below, not here.
+        spec = SpecDecodeMetadata.build(states, inputs.query_start_loc.tolist())
+        spec_rows = set() if spec is None else set(spec.rows)
         saved = {row: states[row].generator.get_state() for row in range(len(states))
-                 if is_partial[row] and states[row].generator is not None}
-        sampler_output = self.sampler(logits, self._sampling_metadata(states),
+                 if (is_partial[row] or row in spec_rows) and states[row].generator is not None}
+        sampling_metadata = self._sampling_metadata(states)
+        sampler_output = self.sampler(logits, sampling_metadata,
                                       grammar_bitmask=self._grammar_bitmask(grammar_output))  # structured output
         for row, generator_state in saved.items():
             states[row].generator.set_state(generator_state)
+        verified = None if spec is None else verify_drafts(
+            self.model, self.sampler, hidden, logits, spec, states, sampling_metadata)
 
         prompt_logprobs = self._prompt_logprobs(states, hidden, inputs)  # before outputs grow
         sampled = sampler_output.sampled_token_ids.tolist()
         sampled_token_ids: list[list[int]] = []
         for row, state in enumerate(states):
             if is_partial[row]:
-                sampled_token_ids.append([])
+                new_token_ids = []
+            elif row in spec_rows:
+                new_token_ids = verified.token_ids[row]
             else:
-                state.append_output_token(int(sampled[row]))
-                sampled_token_ids.append([int(sampled[row])])
+                new_token_ids = [int(sampled[row])]
+            for token_id in new_token_ids:
+                state.append_output_token(token_id)
+            sampled_token_ids.append(new_token_ids)
+        logprobs = self._sampled_logprobs(states, sampler_output, is_partial)
+        if verified is not None and logprobs is not None:
+            for row, entries in verified.logprobs.items():
+                logprobs[row] = entries
+        spec_token_ids = None
+        if self.drafter is not None:
+            spec_token_ids = self.drafter.propose(states, sampled_token_ids, is_partial, inputs, hidden)
         return ModelRunnerOutput(
             req_ids=[state.req_id for state in states],
             req_id_to_index=dict(self.input_batch.req_id_to_index),
             sampled_token_ids=sampled_token_ids,
-            logprobs=self._sampled_logprobs(states, sampler_output, is_partial),
+            logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            spec_token_ids=spec_token_ids,
         )
 
     def _grammar_bitmask(self, grammar_output: GrammarOutput | None) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -249,6 +280,14 @@ class ModelRunner:
         inputs, metadata = snapshot
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
         return self.model.compute_logits(hidden[inputs.logits_indices])
+
+
+def _fed_tokens(state: CachedRequestState, start: int, count: int) -> list[int]:
+    """The `count` tokens fed from position `start`: the request's tokens, then this step's drafts."""
+    tokens = state.all_token_ids[start: start + count]
+    if len(tokens) < count:
+        tokens = tokens + state.spec_token_ids[: count - len(tokens)]
+    return tokens
 
 
 # ---------------------------------------------------------------------- pure step functions (phase 04)

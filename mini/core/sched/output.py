@@ -63,6 +63,9 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # Requests that got only part of their remaining prompt this step (a chunked prefill).
     partial_prefill_req_ids: set[str] = field(default_factory=set)
+    # Speculative decoding: request id -> the draft tokens scheduled for verification this step (they are
+    # the last len(drafts) of the request's num_scheduled_tokens).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     step: int = 0
 
 
@@ -75,6 +78,9 @@ class EngineCoreOutput:
     new_logprobs: Any = None              # one {token_id: logprob} dict per new token, or None
     new_prompt_logprobs: Any = None
     num_cached_tokens: int = 0            # prefix-cache hit length when the request was first scheduled
+    # Speculative decoding: drafts verified for this request this step, and how many were accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

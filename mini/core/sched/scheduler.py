@@ -11,6 +11,12 @@ out at most `max_num_batched_tokens` of them:
    starting after their prefix-cache hits.
 
 A chunked prefill is simply a request granted fewer tokens than it wants.
+
+Speculative decoding adds nothing new to that rule: a running request with draft tokens wants
+`num_tokens_with_spec - num_computed_tokens` tokens (its last sampled token plus k drafts), and the drafts
+that fit go out in `scheduled_spec_decode_tokens`. After the step, `update_from_output` moves
+`num_computed_tokens` back past the drafts the rejection sampler refused (`rollback_spec_tokens`): their
+KV slots hold wrong keys and values, and are simply overwritten later. No block is freed (vLLM neither).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from mini.core.sched.output import (
     SchedulerOutput,
 )
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
-from mini.metrics.stats import SchedulerStats
+from mini.metrics.stats import SchedulerStats, SpecDecodingStats
 from mini.seams import seam
 from mini.structured_output import StructuredOutputManager
 
@@ -66,6 +72,21 @@ def select_preemption_victim(running: list[Request], policy: SchedulingPolicy) -
     return running[-1]
 
 
+@seam("rollback_spec_tokens")
+def rollback_spec_tokens(num_computed_tokens: int, num_scheduled_spec_tokens: int,
+                         num_generated_tokens: int) -> tuple[int, int]:
+    """After a verification step: (num_computed_tokens without the rejected drafts, drafts accepted).
+
+    At schedule time the request's `num_computed_tokens` already moved past all 1 + k scheduled tokens (its
+    last sampled token and k drafts). The step generated g tokens: g - 1 accepted drafts, then the target's
+    own token (a recovered token after a rejection, or the bonus token after k acceptances). So k + 1 - g
+    drafts were rejected: the KV written at their positions belongs to tokens that are not in the sequence.
+    Mirrors the rejection bookkeeping in vllm/v1/core/sched/scheduler.py `update_from_output`.
+    """
+    num_rejected = num_scheduled_spec_tokens + 1 - num_generated_tokens
+    return num_computed_tokens - num_rejected, num_generated_tokens - 1
+
+
 class Scheduler:
     """Decides, every step, which requests run and how many tokens each one computes."""
 
@@ -92,6 +113,13 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.step_index = 0
         self.num_preemptions_total = 0
+        # Speculative decoding: k drafts per request and step; a drafter with its own KV cache writes the
+        # drafts' keys and values ahead of the verified tokens, so every allocation reserves k lookahead slots
+        # (vLLM: `num_lookahead_tokens`).
+        spec = config.speculative_config
+        self.num_spec_tokens = 0 if spec is None else spec.num_speculative_tokens
+        self.num_lookahead_tokens = self.num_spec_tokens if spec is not None and spec.needs_kv_cache else 0
+        self.spec_decoding_stats = SpecDecodingStats(num_spec_tokens=self.num_spec_tokens)
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -140,6 +168,10 @@ class Scheduler:
         return num_tokens_to_schedule(num_computed_tokens + num_new_tokens, num_computed_tokens, token_budget,
                                       self.long_prefill_token_threshold, self.max_request_len)
 
+    def _lookahead(self, num_tokens_after_step: int) -> int:
+        """Speculative decoding: extra slots for a drafter's KV, never past the longest a request may get."""
+        return max(0, min(self.num_lookahead_tokens, self.max_request_len - num_tokens_after_step))
+
     def _pick_victim(self) -> Request:
         return select_preemption_victim(self.running, self.policy)
 
@@ -148,6 +180,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []  # drafted for a KV cache that is gone; proposed again after the re-prefill
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self.finished_req_ids.add(request.request_id)
@@ -161,18 +194,21 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted: list[Request] = []
+        scheduled_spec_decode_tokens: dict[str, list[int]] = {}
 
         # 1. Running requests, oldest first.
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
             num_new_tokens = self._cap_new_tokens(
-                request.num_tokens - request.num_computed_tokens, request.num_computed_tokens, token_budget)
+                request.num_tokens_with_spec - request.num_computed_tokens, request.num_computed_tokens,
+                token_budget)
             if num_new_tokens == 0:
                 req_index += 1
                 continue
             while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request, num_new_tokens + self._lookahead(request.num_computed_tokens + num_new_tokens))
                 if new_blocks is not None:
                     break
                 victim = self._pick_victim()
@@ -181,6 +217,7 @@ class Scheduler:
                     scheduled_running.remove(victim)
                     token_budget += num_scheduled_tokens.pop(victim.request_id)
                     new_block_ids.pop(victim.request_id)
+                    scheduled_spec_decode_tokens.pop(victim.request_id, None)
                     self.kv_cache_manager.uncache_uncomputed_blocks(victim)
                 if self.running.index(victim) < req_index:
                     req_index -= 1
@@ -190,6 +227,12 @@ class Scheduler:
                     break
             if new_blocks is None:
                 break  # the request preempted itself: nothing else fits
+            # ---- speculative decoding: the drafts that fit the budget are verified; the rest are dropped
+            num_scheduled_spec_tokens = request.num_computed_tokens + num_new_tokens - request.num_tokens
+            del request.spec_token_ids[max(num_scheduled_spec_tokens, 0):]
+            if request.spec_token_ids:
+                scheduled_spec_decode_tokens[request.request_id] = list(request.spec_token_ids)
+            # ---- end speculative decoding
             scheduled_running.append(request)
             num_scheduled_tokens[request.request_id] = num_new_tokens
             new_block_ids[request.request_id] = [block.block_id for block in new_blocks]
@@ -216,7 +259,8 @@ class Scheduler:
                 if num_new_tokens == 0:
                     break
                 new_blocks = self.kv_cache_manager.allocate_slots(
-                    request, num_new_tokens, num_hit_tokens, hit_blocks)
+                    request, num_new_tokens + self._lookahead(num_hit_tokens + num_new_tokens), num_hit_tokens,
+                    hit_blocks)
                 if new_blocks is None:
                     break
                 self.waiting.pop_request()
@@ -233,6 +277,7 @@ class Scheduler:
 
         scheduler_output = self._make_output(scheduled_new, scheduled_running, num_scheduled_tokens,
                                              new_block_ids, preempted)
+        scheduler_output.scheduled_spec_decode_tokens = scheduled_spec_decode_tokens
         # Advance the counters now, as vLLM's _update_after_schedule: the next schedule() may run
         # before these tokens' outputs come back.
         for request_id, num_tokens in num_scheduled_tokens.items():
@@ -280,6 +325,15 @@ class Scheduler:
                 continue  # aborted (or otherwise finished) after it was scheduled
             req_index = model_runner_output.req_id_to_index[request_id]
             new_token_ids = list(sampled[req_index]) if sampled else []
+            # ---- speculative decoding: forget the KV of the rejected drafts
+            scheduled_spec_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(request_id, [])
+            num_accepted = 0
+            if scheduled_spec_token_ids:
+                request.num_computed_tokens, num_accepted = rollback_spec_tokens(
+                    request.num_computed_tokens, len(scheduled_spec_token_ids), len(new_token_ids))
+                self.spec_decoding_stats.observe_draft(len(scheduled_spec_token_ids), num_accepted)
+            request.spec_token_ids = []
+            # ---- end speculative decoding
             is_stopped = False
             for position, token_id in enumerate(new_token_ids):
                 # ---- structured output: the FSM takes the token, or the request ends here
@@ -302,15 +356,30 @@ class Scheduler:
             if is_stopped:
                 stopped.add(request)
                 self._free_request(request)
+            elif model_runner_output.spec_token_ids is not None:  # speculative decoding: the next drafts
+                request.spec_token_ids = self._trim_drafts(request, model_runner_output.spec_token_ids[req_index])
             if new_token_ids or is_stopped or new_prompt_logprobs:
                 outputs.append(EngineCoreOutput(
                     request_id=request_id, new_token_ids=new_token_ids,
                     finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
                     new_logprobs=new_logprobs, new_prompt_logprobs=new_prompt_logprobs,
-                    num_cached_tokens=max(request.num_cached_tokens, 0)))
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    num_draft_tokens=len(scheduled_spec_token_ids), num_accepted_tokens=num_accepted))
         if stopped:
             self.running = [r for r in self.running if r not in stopped]
         return outputs
+
+    def _trim_drafts(self, request: Request, draft_token_ids: list[int]) -> list[int]:
+        """Keep only drafts that can matter: none past max_model_len / the pool, none past max_tokens (the
+        step that verifies k drafts emits up to k + 1 tokens), and none while `min_tokens` still masks the
+        stop tokens (that mask depends on the position, which the verification step does not track)."""
+        params = request.sampling_params
+        if request.num_output_tokens < params.min_tokens:
+            return []
+        room = self.max_request_len - request.num_tokens
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+        return [int(token) for token in draft_token_ids[:max(room, 0)]]
 
     # ------------------------------------------------------------------ statistics
     def make_stats(self) -> SchedulerStats:
@@ -338,6 +407,9 @@ class Scheduler:
             num_cached_tokens={r.request_id: max(r.num_cached_tokens, 0) for r in unfinished},
             request_block_hashes={r.request_id: list(manager.req_to_block_hashes.get(r.request_id, []))
                                   for r in unfinished},
+            spec_decoding_stats=dataclasses.replace(
+                self.spec_decoding_stats,
+                num_accepted_tokens_per_pos=list(self.spec_decoding_stats.num_accepted_tokens_per_pos)),
         )
 
     def reset_prefix_cache(self) -> bool:
