@@ -9,6 +9,7 @@ interactively (mini/entrypoints/chat_cli.py), serve it over an OpenAI-compatible
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--n", type=int, default=1)
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--speculative-config", type=json.loads, default=None,
+                     help='JSON, as vLLM\'s, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32")
     gen.add_argument("--block-size", type=int, default=16)
@@ -79,7 +82,7 @@ def run_generate(args: argparse.Namespace) -> int:
             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
         )
         llm = LLM(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                  attention_backend=args.attention_backend)
+                  attention_backend=args.attention_backend, speculative_config=args.speculative_config)
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
     except (ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)

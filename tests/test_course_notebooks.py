@@ -22,6 +22,8 @@ def test_solution_notebook_runs_top_to_bottom(assignment_id, monkeypatch):
     )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # as tests/conftest.py: one torch thread per parallel worker
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
     folder = REPO_ROOT / "solutions" / assignment_id
     notebook = nbformat.read(str(folder / f"{assignment_id}.ipynb"), as_version=4)
     client = NotebookClient(

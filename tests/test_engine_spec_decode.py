@@ -233,3 +233,26 @@ def test_rejection_sampler_seam_sees_target_probs_that_sum_to_one():
     for sums, is_greedy in seen:
         assert torch.allclose(sums, torch.ones_like(sums), atol=1e-4)
         assert not bool(is_greedy.any())
+
+
+def test_prometheus_counts_drafts_and_accepted_tokens():
+    pytest.importorskip("prometheus_client")
+    from mini.engine.async_llm import IterationStats
+    from mini.entrypoints.openai.metrics import PrometheusStatLogger
+
+    llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    logger = PrometheusStatLogger("tiny-llama")
+    engine = llm.llm_engine
+    engine.add_request("r", "x = [1, 2, 3]\n" * 6, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+        logger.record(engine.scheduler.make_stats(), IterationStats())
+    stats = engine.scheduler.make_stats().spec_decoding_stats
+    text = logger.render().decode()
+    assert f'mini:spec_decode_num_drafts_total{{model_name="tiny-llama"}} {float(stats.num_drafts)}' in text
+    assert (f'mini:spec_decode_num_accepted_tokens_total{{model_name="tiny-llama"}} '
+            f'{float(stats.num_accepted_tokens)}') in text
+    assert stats.num_accepted_tokens > 0
+    first = stats.num_accepted_tokens_per_pos[0]
+    assert f'mini:spec_decode_num_accepted_tokens_per_pos_total{{model_name="tiny-llama",position="0"}} {float(first)}' \
+        in text

@@ -27,6 +27,10 @@ documented surface (mini/README.md, "Internal interfaces"), never by monkeypatch
   (vllm/v1/core/block_pool.py, kv_cache_manager.py);
 - `fsm_mask`: a grammar's DFA with the current state, and the allowed-token bitmask beside it, as text is
   typed or sampled token by token (vllm/v1/structured_output/);
+- `spec_decode_trace`: per step, each request's drafts, the accepted ones, the rejected one and its
+  replacement, the bonus token, and the acceptance-length histogram (vllm/v1/spec_decode/,
+  vllm/v1/sample/rejection_sampler.py); it also reads `last_scheduler_output.scheduled_spec_decode_tokens`
+  and `make_stats().spec_decoding_stats`;
 - `serving_dashboard`: a live view of a serving engine (running / waiting requests, KV usage, tokens/s),
   fed by the engine's stat loggers (vllm/v1/metrics/loggers.py).
 """

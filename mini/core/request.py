@@ -139,7 +139,7 @@ class Request:
 
     @property
     def max_tokens(self) -> int | None:
-        return getattr(self.sampling_params, "max_tokens", None)
+        return self.sampling_params.max_tokens
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         new_ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)

@@ -28,13 +28,6 @@ if TYPE_CHECKING:
     from mini.engine.core_request import EngineCoreRequest
 
 
-def finish_reason_str(reason: Any) -> str | None:
-    """Accept "stop" / an enum whose name is STOP / None -> "stop" | "length" | "abort" | None."""
-    if reason is None or isinstance(reason, str):
-        return reason
-    return str(getattr(reason, "name", reason)).lower()
-
-
 @dataclass(slots=True)
 class RequestState:
     """Everything the output processor keeps about one engine-core request."""
@@ -187,7 +180,7 @@ class OutputProcessor:
             if req_state is None:
                 continue  # aborted meanwhile
             new_token_ids = list(engine_core_output.new_token_ids)
-            finish_reason = finish_reason_str(engine_core_output.finish_reason)
+            finish_reason = engine_core_output.finish_reason
             stop_reason = engine_core_output.stop_reason
             finished_in_core = finish_reason is not None
             req_state.num_cached_tokens = engine_core_output.num_cached_tokens

@@ -71,8 +71,9 @@ class SpecDecodingStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """Tokens emitted per verified draft: 1 (the target's own token) + accepted drafts, as vLLM logs it."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+        """Tokens emitted per verified draft run: 1 (the target's own token) + accepted drafts, as vLLM logs
+        it (1.0 before any draft: one token per pass, as without speculation)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
 
 @dataclass(slots=True)

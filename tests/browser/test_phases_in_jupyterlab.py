@@ -33,6 +33,7 @@ STEP_LABELS = {
     "05_scheduler": r"\bstep (\d+)\s*:",
     "09_logits_processors": r"^\s*step (\d+)\b",
     "10_prefix_caching": r"\bstep (\d+)\b",
+    "12_spec_decode": r"\bstep (\d+)\b",
 }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import logging
 import socket
 import threading
@@ -199,6 +200,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speculative-config", type=json.loads, default=None,
+                        help='speculative decoding, as vLLM\'s: JSON, e.g. \'{"method": "ngram", '
+                             '"num_speculative_tokens": 3}\' (methods: ngram, draft_model, eagle)')
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -210,7 +214,8 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "gpu_memory_utilization": args.gpu_memory_utilization,
                 "enable_prefix_caching": args.enable_prefix_caching, "scheduling_policy": args.scheduling_policy,
-                "device": args.device, "dtype": args.dtype, "seed": args.seed}
+                "device": args.device, "dtype": args.dtype, "seed": args.seed,
+                "speculative_config": args.speculative_config}
 
 
 def served_name(args: argparse.Namespace) -> str:

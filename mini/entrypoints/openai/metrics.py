@@ -14,6 +14,8 @@ two servers in one process (tests) do not collide.
     mini:time_to_first_token_seconds                          histogram
     mini:inter_token_latency_seconds                          histogram
     mini:e2e_request_latency_seconds                          histogram
+    mini:spec_decode_num_drafts_total / _num_draft_tokens_total / _num_accepted_tokens_total   counters
+    mini:spec_decode_num_accepted_tokens_per_pos_total{position}                              counter
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ class PrometheusStatLogger:
         self.itl = histogram("mini:inter_token_latency_seconds", "Time between two tokens", ITL_BUCKETS)
         self.e2e = histogram("mini:e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS)
         self._last_queries = self._last_hits = self._last_preemptions = 0
+        # Speculative decoding (vLLM: vllm/v1/spec_decode/metrics.py SpecDecodingProm).
+        self.spec_drafts = counter("mini:spec_decode_num_drafts", "Draft runs verified")
+        self.spec_draft_tokens = counter("mini:spec_decode_num_draft_tokens", "Draft tokens verified")
+        self.spec_accepted = counter("mini:spec_decode_num_accepted_tokens", "Draft tokens accepted")
+        self._spec_per_pos = Counter("mini:spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted, by position in the draft",
+                                     ["model_name", "position"], registry=reg)
+        self._last_spec = (0, 0, 0)
+        self._last_spec_per_pos: list[int] = []
 
     def __call__(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
         self.record(scheduler_stats, iteration_stats)
@@ -78,6 +89,7 @@ class PrometheusStatLogger:
         self._last_queries, self._last_hits = prefix.queries, prefix.hits
         self.preemptions.inc(max(0, scheduler_stats.num_preemptions - self._last_preemptions))
         self._last_preemptions = scheduler_stats.num_preemptions
+        self._record_spec(scheduler_stats)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
         for value in iteration_stats.time_to_first_tokens_s:
@@ -87,6 +99,18 @@ class PrometheusStatLogger:
         for finished in iteration_stats.finished_requests:
             self.e2e.observe(finished.e2e_latency_s)
             self._success.labels(self.model_name, str(finished.finish_reason)).inc()
+
+    def _record_spec(self, scheduler_stats: SchedulerStats) -> None:
+        spec = scheduler_stats.spec_decoding_stats
+        drafts, draft_tokens, accepted = self._last_spec
+        self.spec_drafts.inc(spec.num_drafts - drafts)
+        self.spec_draft_tokens.inc(spec.num_draft_tokens - draft_tokens)
+        self.spec_accepted.inc(spec.num_accepted_tokens - accepted)
+        self._last_spec = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
+        for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+            before = self._last_spec_per_pos[position] if position < len(self._last_spec_per_pos) else 0
+            self._spec_per_pos.labels(self.model_name, str(position)).inc(count - before)
+        self._last_spec_per_pos = list(spec.num_accepted_tokens_per_pos)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
