@@ -2,6 +2,8 @@
 
 - `labs.checks.pNN`: each phase's checks and its table of exercises (`PHASE`, see `labs.manifest`);
 - `labs.plug`: run the engine with the learner's code in its seams (`labs/plugging.py`);
+- `labs.assemble`: every answer of every phase notebook plugged at once: the learner's whole engine, with a
+  report of which parts are theirs (`labs/assemble.py`, the capstone);
 - `labs.views`: the widgets and plots the notebooks draw;
 - `labs.course`: the nbgrader release pipeline (`python -m labs.course release|check|list`) and the
   answer loader the grader uses;
@@ -10,6 +12,7 @@
 See labs/README.md for how a phase is written.
 """
 
+from labs.assemble import assemble
 from labs.plugging import lab_names, plug
 
-__all__ = ["lab_names", "plug"]
+__all__ = ["assemble", "lab_names", "plug"]

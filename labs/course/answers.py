@@ -116,10 +116,14 @@ def load_answers(path: str | Path) -> NotebookAnswers:
     path = Path(path)
     notebook = read_notebook(path)
     answers = NotebookAnswers(path=path, namespace={"__name__": "__lab__"})
+    # The cells' pseudo file names carry the notebook's full path: Triton's interpreter reads a kernel's
+    # source back through linecache when it first runs, so two notebooks of the same phase loaded in one
+    # process (phases/ and solutions/, as labs.assemble and its tests do) must not share a name.
+    where = path.resolve()
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type != "code" or "setup" not in cell.metadata.get("tags", []):
             continue
-        filename = f"<{path.name} setup cell {index}>"
+        filename = f"<{where} setup cell {index}>"
         error = _run(_strip_magics(cell.source), answers.namespace, filename)
         if error is not None:
             answers.setup_error = _format_error(error, filename)
@@ -130,7 +134,7 @@ def load_answers(path: str | Path) -> NotebookAnswers:
             continue
         grade_id = grading.get("grade_id", cell.get("id", "?"))
         answer = AnswerCell(grade_id=grade_id, source=cell.source, defines=defined_names(cell.source))
-        filename = f"<{path.name} answer cell {grade_id}>"
+        filename = f"<{where} answer cell {grade_id}>"
         error = _run(_strip_magics(cell.source), answers.namespace, filename)
         if error is not None:
             answer.error = _format_error(error, filename)

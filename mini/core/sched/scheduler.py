@@ -186,8 +186,36 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         self.waiting.prepend_request(request)
 
-    @seam("schedule")
     def schedule(self) -> SchedulerOutput:
+        """One scheduling decision (`schedule_step`), with requests whose grammar is still compiling set aside.
+
+        vLLM's scheduler skips a `WAITING_FOR_FSM` request inside its waiting loop; mini keeps that rule here,
+        around the step, so the step itself (phase 05's exercise) needs no structured-output code: unready
+        requests leave the waiting queue for the step and return to its front, in order, afterwards.
+        """
+        unready = self._set_aside_unready_grammars()
+        try:
+            return self.schedule_step()
+        finally:
+            for request in reversed(unready):
+                self.waiting.prepend_request(request)
+
+    def _set_aside_unready_grammars(self) -> list[Request]:
+        """Structured output: take WAITING_FOR_FSM requests whose grammar is not compiled out of the queue;
+        the ones whose grammar is ready become plain WAITING requests."""
+        unready = []
+        for request in list(self.waiting):
+            if request.status != RequestStatus.WAITING_FOR_FSM:
+                continue
+            if request.structured_output_request.is_grammar_ready():
+                request.status = RequestStatus.WAITING
+            else:
+                self.waiting.remove_request(request)
+                unready.append(request)
+        return unready
+
+    @seam("schedule")
+    def schedule_step(self) -> SchedulerOutput:
         token_budget = self.max_num_scheduled_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
@@ -240,17 +268,9 @@ class Scheduler:
             req_index += 1
 
         # 2. Waiting requests, only when nobody was preempted this step.
-        skipped_waiting: list[Request] = []  # structured output: grammars still compiling
         if not preempted:
             while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
                 request = self.waiting.peek_request()
-                # ---- structured output: skip requests whose grammar is not compiled yet (vLLM)
-                if request.status == RequestStatus.WAITING_FOR_FSM:
-                    if not request.structured_output_request.is_grammar_ready():
-                        skipped_waiting.append(self.waiting.pop_request())
-                        continue
-                    request.status = RequestStatus.WAITING
-                # ---- end structured output
                 hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
                 num_new_tokens = request.num_tokens - num_hit_tokens
                 if not self.enable_chunked_prefill and num_new_tokens > token_budget:
@@ -272,9 +292,6 @@ class Scheduler:
                     request.num_cached_tokens = num_hit_tokens
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
-        for request in reversed(skipped_waiting):  # structured output: back, in order
-            self.waiting.prepend_request(request)
-
         scheduler_output = self._make_output(scheduled_new, scheduled_running, num_scheduled_tokens,
                                              new_block_ids, preempted)
         scheduler_output.scheduled_spec_decode_tokens = scheduled_spec_decode_tokens

@@ -1,0 +1,224 @@
+"""Checks for phase 14 (the capstone), against the helpers of labs/assemble.py.
+
+    check_first_divergence(first_divergence)                 vs labs.assemble.first_divergence
+    check_find_breaking_component(find_breaking_component)   vs labs.assemble.find_breaking_component
+    check_phase_scores(phase_scores)                         vs labs.assemble.phase_scores
+
+The capstone's exercises plug into no engine seam: they are the tools that judge an assembled engine
+(where two runs part, which component breaks exactness, what the report card adds up to).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from labs.assemble import CheckResult, find_breaking_component, first_divergence, phase_scores
+from labs.checks.common import calling, counterexample, expect_equal, passed
+from labs.manifest import Exercise, Phase
+
+# ---------------------------------------------------------------- first_divergence
+FIXED_DIVERGENCES = [
+    ([[5, 6, 7], [8, 9]], [[5, 6, 7], [8, 9]]),          # identical
+    ([[5, 6, 7], [8, 9, 10]], [[5, 6, 7], [8, 4, 10]]),  # the second prompt, at its second token
+    ([[5, 6, 7], [8, 9]], [[5, 1, 7], [2, 9]]),           # two differences: the first prompt's counts
+    ([[5, 6, 7]], [[5, 6]]),                               # got stopped early: where the shorter one ends
+    ([[5, 6]], [[5, 6, 7]]),                               # got ran on
+    ([[], [3]], [[], [4]]),                                # an empty output is equal to an empty output
+    ([], []),                                              # no prompts at all
+]
+
+
+def _divergence_cases(rng: random.Random) -> list[tuple[list[list[int]], list[list[int]]]]:
+    cases = []
+    for _ in range(4):
+        expected = [[rng.randrange(50) for _ in range(rng.randint(0, 8))] for _ in range(rng.randint(1, 5))]
+        got = copy.deepcopy(expected)
+        change = rng.choice(["none", "token", "shorter", "longer", "token"])
+        index = rng.randrange(len(got))
+        if change == "token" and got[index]:
+            position = rng.randrange(len(got[index]))
+            got[index][position] = (got[index][position] + rng.randint(1, 49)) % 50
+        elif change == "shorter" and got[index]:
+            del got[index][rng.randrange(len(got[index])):]
+        elif change == "longer":
+            got[index] += [rng.randrange(50) for _ in range(rng.randint(1, 3))]
+        cases.append((expected, got))
+    return cases
+
+
+def check_first_divergence(first_divergence_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
+    cases = list(FIXED_DIVERGENCES)
+    for seed in seeds:
+        cases += _divergence_cases(random.Random(seed))
+    for expected_tokens, got_tokens in cases:
+        inputs = {"expected": expected_tokens, "got": got_tokens}
+        answer = first_divergence(expected_tokens, got_tokens)
+        arguments = copy.deepcopy((expected_tokens, got_tokens))
+        with calling("first_divergence", inputs, expected=answer):
+            result = first_divergence_fn(*arguments)
+        expect_equal("first_divergence(expected, got)", inputs, answer, result,
+                     "None when every prompt's tokens are equal; else (prompt index, token position) of the first "
+                     "difference, prompts in order; when one sequence is a prefix of the other, the position is "
+                     "the length of the shorter one")
+        expect_equal("the arguments after the call", inputs, [expected_tokens, got_tokens], list(arguments),
+                     "only read the two runs' outputs, do not change them")
+    passed("check_first_divergence", len(cases))
+
+
+# ---------------------------------------------------------------- find_breaking_component
+BISECT_EXAMPLE = ["compute_positions", "compute_slot_mapping", "rms_norm", "apply_rotary",
+                  "compute_logits_indices", "apply_temperature", "hash_block_tokens", "check_stop"]
+
+
+class _Oracle:
+    """is_exact for a set in which `broken` (or nothing) breaks exactness; counts and vets its calls."""
+
+    def __init__(self, components: list[str], broken: str | None,
+                 run: Callable[[list[str]], bool] | None = None) -> None:
+        self.components, self.broken, self.run = components, broken, run
+        self.calls: list[list[str]] = []
+
+    def __call__(self, subset: Iterable[str]) -> bool:
+        subset = list(subset)
+        strangers = [name for name in subset if name not in self.components]
+        if strangers:
+            raise AssertionError(f"is_exact was asked about {strangers}, which are not in `components` "
+                                 f"({self.components}): pass sub-lists of components")
+        self.calls.append(subset)
+        if self.run is not None:
+            return self.run(subset)
+        return self.broken not in subset
+
+
+def _max_calls(num_components: int) -> int:
+    return 1 + math.ceil(math.log2(num_components)) if num_components > 1 else 1
+
+
+def _judge_bisect(candidate: Callable, components: list[str], oracle: _Oracle, label: str) -> None:
+    inputs = {"components": components, "broken": oracle.broken if oracle.broken else "none of them"}
+    if label:
+        inputs["engine"] = label
+    with calling("find_breaking_component", inputs, expected=oracle.broken):
+        result = candidate(list(components), oracle)
+    expect_equal("find_breaking_component(components, is_exact)", inputs, oracle.broken, result,
+                 "first ask about the whole set (exact: return None); then keep the half that is still not exact")
+    budget = _max_calls(len(components))
+    if len(oracle.calls) > budget:
+        raise AssertionError(counterexample(
+            "number of is_exact calls", {**inputs, "your calls": oracle.calls},
+            f"at most 1 + ceil(log2({len(components)})) = {budget}", len(oracle.calls),
+            "each call runs the engine: halve the suspects with every call instead of trying them one by one"))
+
+
+def _engine_case() -> tuple[list[str], _Oracle]:
+    """Real engine components (the reference's code) plus one deliberately broken one, on the shipped model."""
+    from labs.plugging import lab_names, plug
+    from mini import LLM, SamplingParams, seams
+
+    lab_names()  # registers every seam
+    components = ["compute_positions", "compute_slot_mapping", "rms_norm", "apply_rotary",
+                  "compute_logits_indices", "apply_temperature", "check_stop"]
+
+    def logits_of_first_tokens(query_start_loc):  # the slip: each request's FIRST scheduled row
+        return query_start_loc[:-1].long()
+
+    parts = {name: seams.reference(name) for name in components}
+    parts["compute_logits_indices"] = logits_of_first_tokens
+    llm = LLM(skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=32, max_model_len=64)
+    prompts = [{"prompt_token_ids": [1, 2, 3, 4, 5]}, {"prompt_token_ids": [1, 6, 5, 7, 8, 9, 10]}]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    def tokens() -> list[list[int]]:
+        return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params, use_tqdm=False)]
+
+    expected = tokens()
+
+    def run(subset: list[str]) -> bool:
+        with plug(**{name: parts[name] for name in subset}):
+            return tokens() == expected
+
+    if run(["compute_logits_indices"]):  # the fixture itself must break exactness, or the case proves nothing
+        raise RuntimeError("check_find_breaking_component: the broken compute_logits_indices no longer changes "
+                           "the shipped model's greedy tokens; pick another slip")
+    return components, _Oracle(components, "compute_logits_indices", run)
+
+
+def check_find_breaking_component(find_breaking_component_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
+    num_cases = 0
+    fixed = [(BISECT_EXAMPLE, "apply_rotary"), (BISECT_EXAMPLE, None), (BISECT_EXAMPLE, "compute_positions"),
+             (BISECT_EXAMPLE, "check_stop"), (["rms_norm"], "rms_norm"), (["rms_norm"], None), ([], None),
+             (["a", "b", "c"], "c")]
+    for components, broken in fixed:
+        _judge_bisect(find_breaking_component_fn, components, _Oracle(components, broken), "")
+        num_cases += 1
+    for seed in seeds:
+        rng = random.Random(seed)
+        components = [f"part_{index}" for index in range(rng.randint(1, 40))]
+        rng.shuffle(components)
+        broken = rng.choice(components + [None])
+        assert find_breaking_component(components, _Oracle(components, broken)) == broken  # the reference agrees
+        _judge_bisect(find_breaking_component_fn, components, _Oracle(components, broken), "")
+        num_cases += 1
+    components, oracle = _engine_case()
+    _judge_bisect(find_breaking_component_fn, components, oracle,
+                  "the shipped model, greedy; is_exact plugs the subset and compares the tokens")
+    passed("check_find_breaking_component", num_cases + 1)
+
+
+# ---------------------------------------------------------------- phase_scores
+OUTCOMES = ("passed", "failed", "not implemented", "skipped")
+EXAMPLE_CARD = [
+    CheckResult("01_paged_kv", "FreeKVCacheBlockQueue", 4, "passed"),
+    CheckResult("01_paged_kv", "get_new_blocks", 2, "failed", "get_new_blocks(...): wrong result on this case"),
+    CheckResult("07_attention_kernel", "online_softmax_update", 2, "passed"),
+    CheckResult("07_attention_kernel", "_store_kv_kernel", 2, "skipped", "needs Triton"),
+    CheckResult("13_serving", "merge_delta_outputs", 3, "not implemented"),
+]
+
+
+def _card_cases(rng: random.Random) -> list[list[CheckResult]]:
+    phases = ["00_autoregressive_loop", "05_scheduler", "07_attention_kernel", "10_prefix_caching"]
+    cards = []
+    for _ in range(3):
+        card = []
+        for index in range(rng.randint(0, 10)):
+            outcome = rng.choice(OUTCOMES)
+            card.append(CheckResult(rng.choice(phases), f"exercise_{index}", rng.randint(1, 5), outcome))
+        cards.append(card)
+    cards.append([CheckResult("07_attention_kernel", "k", 2, "skipped"),
+                  CheckResult("07_attention_kernel", "w", 1, "skipped")])
+    return cards
+
+
+def _describe(card: list[CheckResult]) -> list[tuple[str, int, str]]:
+    return [(r.phase, r.points, r.outcome) for r in card]
+
+
+def check_phase_scores(phase_scores_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
+    cards = [EXAMPLE_CARD]
+    for seed in seeds:
+        cards += _card_cases(random.Random(seed))
+    for card in cards:
+        inputs: dict[str, Any] = {"results (phase, points, outcome)": _describe(card)}
+        expected = list(phase_scores(card).items())
+        with calling("phase_scores", inputs, expected=dict(expected)):
+            got = phase_scores_fn(list(card))
+        got_items = list(got.items()) if isinstance(got, dict) else got
+        got_items = [(phase, tuple(score)) if isinstance(score, list) else (phase, score)
+                     for phase, score in got_items]
+        expect_equal("phase_scores(results), in order", inputs, expected, got_items,
+                     "{phase: (earned, possible)} with phases in order of first appearance; passed earns its "
+                     "points, other outcomes 0; skipped counts toward neither (a phase of skips is (0, 0))")
+    passed("check_phase_scores", len(cards))
+
+
+PHASE = Phase("14_capstone", (
+    Exercise("first_divergence", check_first_divergence, points=2, grade_id="test-first-divergence"),
+    Exercise("find_breaking_component", check_find_breaking_component, points=3,
+             grade_id="test-find-breaking-component"),
+    Exercise("phase_scores", check_phase_scores, points=2, grade_id="test-phase-scores"),
+))
