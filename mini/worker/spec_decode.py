@@ -87,7 +87,7 @@ def verify_drafts(model: torch.nn.Module, sampler: Sampler, hidden: torch.Tensor
         for entry, (row, drafts) in enumerate(zip(spec.rows, spec.draft_token_ids)):
             if position <= len(drafts):
                 logits[row] = flat_logits[offsets[entry] + position]
-                outputs[row] = state_outputs_with(states[row].output_token_ids, drafts[:position])
+                outputs[row] = outputs_with_drafts(states[row].output_token_ids, drafts[:position])
                 active.append(entry)
         probs = sampler.compute_probs(logits, dataclasses.replace(metadata, output_token_ids=outputs))
         for entry in active:
@@ -113,7 +113,7 @@ def verify_drafts(model: torch.nn.Module, sampler: Sampler, hidden: torch.Tensor
                             logprobs=_emitted_logprobs(flat_logits, offsets, spec, states, token_ids))
 
 
-def state_outputs_with(output_token_ids: list[int], drafts: list[int]) -> list[int]:
+def outputs_with_drafts(output_token_ids: list[int], drafts: list[int]) -> list[int]:
     """The output history as position j sees it: the tokens so far, then the drafts before j."""
     return output_token_ids + drafts if drafts else output_token_ids
 
