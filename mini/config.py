@@ -133,7 +133,7 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
     def resolved_attention_backend(self) -> str:
-        """torch_fast on CPU, triton on CUDA, unless asked for explicitly ("torch": the phase 03 reference)."""
+        """torch on CPU, triton on CUDA, unless asked for explicitly."""
         if self.attention_backend is not None:
             return self.attention_backend
-        return "triton" if str(self.device).startswith("cuda") else "torch_fast"
+        return "triton" if str(self.device).startswith("cuda") else "torch"
