@@ -1,6 +1,7 @@
-"""Smoke test of `python -m mini bench attention` (mini/bench/attention.py): runs, and the kernel agrees.
+"""Smoke test of `python -m mini bench attention --kernel triton` (mini/bench/attention.py): runs, and agrees.
 
-On CPU the benchmark shrinks itself to a tiny shape under TRITON_INTERPRET=1; timings are never asserted.
+On CPU the Triton suite shrinks itself to a tiny shape under TRITON_INTERPRET=1; timings are never asserted.
+(The CPU suite, the default without a GPU, is tested in tests/test_attention_cpu_fast.py.)
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ if not triton_utils.is_available():
 def test_attention_benchmark_runs_on_cpu_and_kernel_matches_sdpa(capsys):
     from mini.bench import attention
 
-    results = attention.main([])
+    results = attention.main(["--kernel", "triton"])
     printed = capsys.readouterr().out
     assert "TRITON_INTERPRET=1" in printed and "speedup_vs_torch=" in printed
     errors = [value for key, value in results.items() if key.startswith("max_error@")]

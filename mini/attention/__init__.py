@@ -1,11 +1,17 @@
-"""Attention backend selection: "torch" (reference) or "triton" (paged kernels).
+"""Attention backend selection: "torch" (reference), "torch_fast" (CPU default) or "triton" (paged kernels).
 
-Mirrors vllm/v1/attention/selector.py (`get_attn_backend`), shrunk to a name -> module table. Both
-backends expose the same three names: `AttentionMetadata`, `store_kv(key, value, kv_cache,
+Mirrors vllm/v1/attention/selector.py (`get_attn_backend`), shrunk to a name -> module table. Every
+backend exposes the same three names: `AttentionMetadata`, `store_kv(key, value, kv_cache,
 slot_mapping)` and `paged_attention(query, kv_cache, metadata, scale)`.
 
-Both backends' `store_kv` / `paged_attention` (and the Triton kernels) are seams (mini/seams.py): the
-model calls them by name, so a replacement installed with `mini.seams.override(...)` runs in a live engine.
+- "torch": mini/attention/reference.py, the readable PyTorch version phase 03 teaches.
+- "torch_fast": mini/attention/cpu_paged.py, the same results cut into fewer, larger tensor ops (opt-in on
+  CPU for now: `LLM(attention_backend="torch_fast")`; "torch" stays the CPU default).
+- "triton": mini/attention/triton_paged.py, the kernels of phase 07 (the default on CUDA).
+
+The reference and Triton `store_kv` / `paged_attention` (and the Triton kernels) are seams (mini/seams.py):
+the model calls them by name, so a replacement installed with `mini.seams.override(...)` runs in a live
+engine; "torch_fast" hands over to the reference functions while one of them is replaced.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ from types import ModuleType
 
 ATTENTION_BACKEND_MODULES = {
     "torch": "mini.attention.reference",
+    "torch_fast": "mini.attention.cpu_paged",
     "triton": "mini.attention.triton_paged",
 }
 
 
 def get_attention_backend(name: str) -> ModuleType:
-    """The module implementing backend `name` ("torch" or "triton"), imported on first use."""
+    """The module implementing backend `name` ("torch", "torch_fast" or "triton"), imported on first use."""
     if name not in ATTENTION_BACKEND_MODULES:
         raise ValueError(f"attention_backend must be one of {tuple(ATTENTION_BACKEND_MODULES)}, got {name!r}")
     return importlib.import_module(ATTENTION_BACKEND_MODULES[name])

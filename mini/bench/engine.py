@@ -12,6 +12,8 @@ alternating round by round so machine noise hits both alike:
 
 Throughput counts the output tokens each request asked for. The last line is
 `speedup_vs_transformers=X.XX ceiling_fraction=Y.YY` (engine time spent in the model / engine time).
+`--baseline-attention-backend torch` adds a third system to every round, mini with the readable phase 03
+attention (mini/attention/reference.py) instead of the CPU default, to show what the fast path buys.
 
 The workload's shape (prompt and output lengths drawn from the same ranges, seed 0) is the same for
 every model; its size is not: the shipped 3M-parameter model runs 128 prompts x 2 rounds, a real model
@@ -30,6 +32,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from mini.config import ATTENTION_BACKENDS
 
 
 @dataclass(slots=True)
@@ -153,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS,
+                        help="mini's attention backend (default: the engine's choice, torch_fast on CPU)")
+    parser.add_argument("--baseline-attention-backend", default=None, choices=ATTENTION_BACKENDS,
+                        help="also time mini with this attention backend in every round (e.g. torch)")
     return parser
 
 
@@ -166,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from mini import LLM
 
-    llm = LLM(model=args.model, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+    engine_args = {"model": args.model, "max_num_seqs": args.max_num_seqs,
+                   "max_num_batched_tokens": args.max_num_batched_tokens, "seed": args.seed}
+    llm = LLM(attention_backend=args.attention_backend, **engine_args)
+    baseline = None
+    if args.baseline_attention_backend is not None:
+        baseline = LLM(attention_backend=args.baseline_attention_backend, **engine_args)
     tokenizer = llm.get_tokenizer()
     model_dir = str(llm.llm_engine.config.model_dir)
     hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -177,26 +189,46 @@ def main(argv: list[str] | None = None) -> int:
           f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); torch threads "
           f"{torch.get_num_threads()}")
 
-    run_mini(llm, Workload(workload.prompts[:4], [4] * 4))  # warm-up, both systems
+    run_mini(llm, Workload(workload.prompts[:4], [4] * 4))  # warm-up, every system
     run_transformers(hf_model, tokenizer, Workload(workload.prompts[:2], [4, 4]), 2)
+    if baseline is not None:
+        run_mini(baseline, Workload(workload.prompts[:4], [4] * 4))
 
-    mini_times, hf_times, ceiling_times = [], [], []
+    # Wall seconds per round, and CPU seconds of this process: on a machine shared with other jobs the CPU
+    # time shows how much work each system did, whatever the scheduler did to its wall time.
+    wall: dict[str, list[float]] = {"mini": [], "model": [], "hf": [], "baseline": []}
+    cpu: dict[str, list[float]] = {"mini": [], "hf": [], "baseline": []}
     for round_index in range(args.rounds):
+        cpu_start = time.process_time()
         mini_time, recorded = run_mini(llm, workload, record_steps=True)
-        ceiling_time = replay_model_only(llm, recorded)
-        hf_time = run_transformers(hf_model, tokenizer, workload, args.hf_batch_size)
-        mini_times.append(mini_time)
-        ceiling_times.append(ceiling_time)
-        hf_times.append(hf_time)
-        print(f"round {round_index}: mini {mini_time:.2f}s ({len(recorded)} steps), model alone "
-              f"{ceiling_time:.2f}s, transformers {hf_time:.2f}s")
+        cpu["mini"].append(time.process_time() - cpu_start)
+        wall["mini"].append(mini_time)
+        wall["model"].append(replay_model_only(llm, recorded))
+        cpu_start = time.process_time()
+        wall["hf"].append(run_transformers(hf_model, tokenizer, workload, args.hf_batch_size))
+        cpu["hf"].append(time.process_time() - cpu_start)
+        baseline_note = ""
+        if baseline is not None:
+            cpu_start = time.process_time()
+            wall["baseline"].append(run_mini(baseline, workload)[0])
+            cpu["baseline"].append(time.process_time() - cpu_start)
+            baseline_note = (f", mini with {args.baseline_attention_backend} attention {wall['baseline'][-1]:.2f}s "
+                             f"(cpu {cpu['baseline'][-1]:.1f}s)")
+        print(f"round {round_index}: mini {mini_time:.2f}s (cpu {cpu['mini'][-1]:.1f}s, {len(recorded)} steps), "
+              f"model alone {wall['model'][-1]:.2f}s, transformers {wall['hf'][-1]:.2f}s "
+              f"(cpu {cpu['hf'][-1]:.1f}s){baseline_note}")
 
     tokens = workload.num_output_tokens
-    mini_time, hf_time = statistics.median(mini_times), statistics.median(hf_times)
-    ceiling_time = statistics.median(ceiling_times)
+    mini_time, hf_time, ceiling_time = (statistics.median(wall[name]) for name in ("mini", "hf", "model"))
     print(f"mini:          {tokens / mini_time:9.1f} output tok/s")
     print(f"transformers:  {tokens / hf_time:9.1f} output tok/s  (batch {args.hf_batch_size}, padded)")
     print(f"model alone:   {tokens / ceiling_time:9.1f} output tok/s  (ceiling: the same batches, no engine)")
+    if wall["baseline"]:
+        baseline_time = statistics.median(wall["baseline"])
+        print(f"mini, {args.baseline_attention_backend} attention: {tokens / baseline_time:9.1f} output tok/s  "
+              f"(attention backend {llm.llm_engine.model_runner.attention_backend} is "
+              f"{baseline_time / mini_time:.2f}x faster; vs transformers {hf_time / baseline_time:.2f}x)")
+    print(f"by CPU time: transformers / mini = {statistics.median(cpu['hf']) / statistics.median(cpu['mini']):.2f}")
     print(f"speedup_vs_transformers={hf_time / mini_time:.2f} ceiling_fraction={ceiling_time / mini_time:.2f}")
     return 0
 
