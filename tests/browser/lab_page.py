@@ -199,6 +199,16 @@ class NotebookPage:
         """Run > Run All Cells, then wait until every code cell has run and the kernel is idle."""
         self.menu("Run", "runmenu:run-all")
 
+        def started() -> bool:
+            return any(p != "[ ]:" for p in self.prompts())
+
+        try:
+            wait_for(started, 30, "Run All to start")
+        except AssertionError:
+            # Seen once on a busy 2-core CI run: the menu click was lost and no cell was queued. Nothing ran,
+            # so asking again through JupyterLab's own command is safe.
+            self.js("return window.jupyterapp.commands.execute('notebook:run-all-cells');")
+
         def finished() -> bool:
             prompts = self.prompts()
             return (self.kernel_status() == "idle" and bool(prompts)
