@@ -23,6 +23,7 @@ BENCHMARKS = {
     "structured": "mini.bench.structured",
     "serve": "mini.bench.serve",
     "spec": "mini.bench.spec",
+    "profile": "mini.bench.profile",
 }
 
 

@@ -133,7 +133,7 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
     def resolved_attention_backend(self) -> str:
-        """torch on CPU, triton on CUDA, unless asked for explicitly."""
+        """torch_fast on CPU, triton on CUDA, unless asked for explicitly ("torch" = phase 03's reference)."""
         if self.attention_backend is not None:
             return self.attention_backend
-        return "triton" if str(self.device).startswith("cuda") else "torch"
+        return "triton" if str(self.device).startswith("cuda") else "torch_fast"

@@ -219,9 +219,8 @@ def test_a_plugged_reference_seam_takes_over():
 def test_backend_names_and_cpu_default():
     assert get_attention_backend("torch_fast") is cpu_paged
     assert get_attention_backend("torch") is ref  # phase 03's readable functions stay reachable by name
-    # The fast path is opt-in until it has been through a whole CI run as the default.
-    assert EngineConfig().resolved_attention_backend() == "torch"
-    assert EngineConfig(attention_backend="torch_fast").resolved_attention_backend() == "torch_fast"
+    assert EngineConfig().resolved_attention_backend() == "torch_fast"  # the CPU default
+    assert EngineConfig(attention_backend="torch").resolved_attention_backend() == "torch"
 
 
 def test_engine_greedy_tokens_equal_with_both_cpu_backends(tiny_llama_dir):

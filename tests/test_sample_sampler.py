@@ -341,3 +341,12 @@ def test_logitsprocs_passed_in_are_used_as_is():
     # The row's own params say nothing about bias: the persistent processors decide.
     out = sample(torch.zeros(1, 5), [SamplingParams(temperature=0.0)], logitsprocs=procs)
     assert out.sampled_token_ids.tolist() == [4]
+
+
+def test_greedy_sample_picks_the_first_of_tied_maxima_like_argmax():
+    from mini.sample.sampler import greedy_sample
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (64, 40), generator=generator).float()  # many ties per row
+    logits[5] = float("-inf")
+    assert torch.equal(greedy_sample(logits), logits.argmax(dim=-1))

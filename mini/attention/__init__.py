@@ -5,8 +5,8 @@ backend exposes the same three names: `AttentionMetadata`, `store_kv(key, value,
 slot_mapping)` and `paged_attention(query, kv_cache, metadata, scale)`.
 
 - "torch": mini/attention/reference.py, the readable PyTorch version phase 03 teaches.
-- "torch_fast": mini/attention/cpu_paged.py, the same results cut into fewer, larger tensor ops (opt-in on
-  CPU for now: `LLM(attention_backend="torch_fast")`; "torch" stays the CPU default).
+- "torch_fast": mini/attention/cpu_paged.py, the same results cut into fewer, larger tensor ops: the default
+  on CPU (`LLM()` on a CPU uses it; `LLM(attention_backend="torch")` picks the reference).
 - "triton": mini/attention/triton_paged.py, the kernels of phase 07 (the default on CUDA).
 
 The reference and Triton `store_kv` / `paged_attention` (and the Triton kernels) are seams (mini/seams.py):

@@ -68,7 +68,7 @@ class ShortGroup:
 
     rows: slice  # the group's queries within StepPlan.short_rows: b * q_len rows, request after request
     block_ids: torch.Tensor  # int64 [b * num_blocks]: each request's first num_blocks blocks, row after row
-    mask: torch.Tensor | None  # bool [b, 1, G * q_len, L]: grouped query row r sees key j (None: all keys)
+    mask: torch.Tensor | None  # additive [b, 1, G * q_len, L]: 0 where grouped query row r sees key j, else -inf
     num_requests: int
     query_len: int
     context_len: int  # L: the longest context in the group
@@ -81,7 +81,7 @@ class LongRequest:
     start: int
     end: int
     block_ids: torch.Tensor  # int64 [num_blocks]
-    mask: torch.Tensor | None  # bool [q_len, seq_len]; None when the rows are the whole context (is_causal)
+    mask: torch.Tensor | None  # additive [q_len, seq_len]; None when the rows are the whole context (is_causal)
     seq_len: int
 
 
@@ -96,8 +96,12 @@ class StepPlan:
 
 
 def plan_step(metadata: AttentionMetadata, block_size: int, group_size: int, num_query_rows: int,
-              max_group_tokens: int) -> StepPlan:
-    """Sort the batch into groups of short rows and single long rows (what vLLM's metadata builder does)."""
+              max_group_tokens: int, dtype: torch.dtype = torch.float32) -> StepPlan:
+    """Sort the batch into groups of short rows and single long rows (what vLLM's metadata builder does).
+
+    Masks are made additive (0 where a key is visible, -inf elsewhere) in the cache's `dtype` once here:
+    given a boolean mask, SDPA would convert it again in every layer.
+    """
     starts = metadata.query_start_loc.tolist()
     seq_lens = metadata.seq_lens.tolist()
     query_lens = [end - start for start, end in itertools.pairwise(starts)]
@@ -105,7 +109,7 @@ def plan_step(metadata: AttentionMetadata, block_size: int, group_size: int, num
     long_requests = []
     for req, (start, query_len, seq_len) in enumerate(zip(starts, query_lens, seq_lens)):
         if query_len > MAX_SHORT_QUERY_LEN:
-            mask = None if query_len == seq_len else causal_mask(query_len, seq_len, block_table.device)
+            mask = None if query_len == seq_len else additive(causal_mask(query_len, seq_len, block_table.device), dtype)
             block_ids = block_table[req, : cdiv(seq_len, block_size)]
             long_requests.append(LongRequest(start, start + query_len, block_ids, mask, seq_len))
     # Short rows by (query length, context length), cut into groups of one query length and one length
@@ -137,7 +141,7 @@ def plan_step(metadata: AttentionMetadata, block_size: int, group_size: int, num
             rows = (rows[:, None] + torch.arange(query_len, device=device)).flatten()
         mask = None
         if query_len > 1 or seq_lens[order[first]] < context_len:
-            mask = grouped_mask(sorted_lens[first:last], query_len, context_len, group_size)
+            mask = additive(grouped_mask(sorted_lens[first:last], query_len, context_len, group_size), dtype)
         block_ids = sorted_table[first:last, : cdiv(context_len, block_size)].flatten()
         short_groups.append(ShortGroup(slice(num_rows, num_rows + len(rows)), block_ids, mask, last - first,
                                        query_len, context_len))
@@ -145,6 +149,11 @@ def plan_step(metadata: AttentionMetadata, block_size: int, group_size: int, num
         num_rows += len(rows)
     short_rows_t = torch.cat(short_rows) if short_rows else first_rows
     return StepPlan(short_rows_t, short_groups, long_requests, covers_all_rows=starts[-1] == num_query_rows)
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean "may attend" mask as SDPA's additive form: 0.0 where True, -inf where False."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def causal_mask(query_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
@@ -176,11 +185,11 @@ def get_plan(metadata: AttentionMetadata, kv_cache: torch.Tensor, query: torch.T
     kv_bytes_per_token = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()
     max_group_tokens = GROUP_KV_BYTES_PER_THREAD * torch.get_num_threads() // kv_bytes_per_token
     group_size = query.shape[1] // kv_cache.shape[3]
-    key = (kv_cache.shape[2], group_size, query.shape[0], max_group_tokens, kv_cache.device)
+    key = (kv_cache.shape[2], group_size, query.shape[0], max_group_tokens, kv_cache.device, kv_cache.dtype)
     cached = getattr(_local, "plan", None)
     if cached is not None and cached[0] is metadata and cached[1] == key:
         return cached[2]
-    plan = plan_step(metadata, kv_cache.shape[2], group_size, query.shape[0], max_group_tokens)
+    plan = plan_step(metadata, kv_cache.shape[2], group_size, query.shape[0], max_group_tokens, kv_cache.dtype)
     _local.plan = (metadata, key, plan)
     return plan
 

@@ -20,7 +20,7 @@ import torch
 UNAVAILABLE_MESSAGE = (
     "The Triton attention backend needs the `triton` package, which is only available on Linux x86_64 "
     "(this machine: {system} {machine}{missing}). Everything else in mini works without it: "
-    "use LLM(attention_backend='torch') (the default on CPU)."
+    "use LLM(attention_backend='torch_fast') (the default on CPU) or 'torch' (phase 03's reference)."
 )
 
 
