@@ -289,7 +289,7 @@ def test_unsupported_platform_raises_import_error_with_explanation(monkeypatch):
     monkeypatch.setattr(triton_utils.sys, "platform", "darwin")
     monkeypatch.setattr(triton_utils.platform, "machine", lambda: "arm64")
     assert not triton_utils.is_available()
-    with pytest.raises(ImportError, match="Linux x86_64.*attention_backend='torch'"):
+    with pytest.raises(ImportError, match="Linux x86_64.*attention_backend='torch_fast'"):
         triton_utils.import_triton()
 
 
