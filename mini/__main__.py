@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32")
     gen.add_argument("--block-size", type=int, default=16)
     gen.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
+    gen.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (CPU always runs eager)")
 
     sub.add_parser("chat", add_help=False,
                    help="interactive chat that streams replies: `chat [MODEL] [--help | options]`")
@@ -83,7 +84,8 @@ def run_generate(args: argparse.Namespace) -> int:
             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
         )
         llm = LLM(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                  attention_backend=args.attention_backend, speculative_config=args.speculative_config)
+                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+                  speculative_config=args.speculative_config)
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
     except (ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)

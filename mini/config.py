@@ -50,6 +50,11 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     skip_tokenizer_init: bool = False
     attention_backend: str | None = None
+    # CUDA graphs for decode steps (mini/worker/cuda_graph.py; vllm/config/compilation.py): captured at start-up
+    # on CUDA with the triton backend unless `enforce_eager`, for the batch sizes `cudagraph_capture_sizes`
+    # (powers of two below `max_cudagraph_capture_size`, plus it; None: min(max_num_seqs, 512)). CPU runs eager.
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
@@ -99,6 +104,16 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS} or None, got {self.attention_backend!r}"
             )
+        if self.enforce_eager is not True and self.enforce_eager is not False:
+            raise ValueError(f"enforce_eager must be a bool (True or False), got {self.enforce_eager!r}")
+        if self.max_cudagraph_capture_size is not None and (
+            not isinstance(self.max_cudagraph_capture_size, int) or isinstance(self.max_cudagraph_capture_size, bool)
+            or not 1 <= self.max_cudagraph_capture_size <= self.max_num_seqs
+        ):
+            raise ValueError(
+                f"max_cudagraph_capture_size must be None or an int in [1, max_num_seqs={self.max_num_seqs}] "
+                f"(a decode batch never holds more than max_num_seqs requests), got {self.max_cudagraph_capture_size!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.seed, int):
@@ -131,6 +146,16 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def cudagraph_capture_sizes(self) -> list[int]:
+        """Decode batch sizes to capture, ascending: the powers of two below the cap, then the cap itself
+        (cap: `max_cudagraph_capture_size`, None -> min(max_num_seqs, 512)); e.g. cap 12 -> [1, 2, 4, 8, 12].
+        vLLM: `CompilationConfig.cudagraph_capture_sizes`, bounded by `max_cudagraph_capture_size`."""
+        cap = self.max_cudagraph_capture_size
+        if cap is None:
+            cap = min(self.max_num_seqs, 512)
+        return [1 << power for power in range(cap.bit_length()) if 1 << power < cap] + [cap]
 
     def resolved_attention_backend(self) -> str:
         """torch_fast on CPU, triton on CUDA, unless asked for explicitly ("torch" = phase 03's reference)."""

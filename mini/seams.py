@@ -74,6 +74,11 @@ def is_overridden(name: str) -> bool:
     return name in _OVERRIDE
 
 
+def any_overridden() -> bool:
+    """True while any replacement is installed (a captured CUDA graph, which cannot see one, steps aside)."""
+    return bool(_OVERRIDE)
+
+
 def names() -> list[str]:
     """Every registered seam (importing `mini` registers them all)."""
     return sorted(_REFERENCE)

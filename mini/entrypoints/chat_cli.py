@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (CPU always runs eager)")
     return parser
 
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                                 max_tokens=args.max_tokens)
         llm = LLM(model=model, max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
-                  attention_backend=args.attention_backend, seed=args.seed)
+                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, seed=args.seed)
     except (ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -6,7 +6,8 @@ Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_
   1. `update_states`: drop finished/preempted requests, take in new ones, extend the block lists and
      set `num_computed_tokens` of cached ones; keep the persistent batch (input_batch.py) in step.
   2. `prepare_inputs` (prepare_inputs.py): the flat input_ids / positions / slot_mapping / block_table.
-  3. forward through the model, which writes K/V into `kv_caches` and reads them back (paged attention).
+  3. forward through the model, which writes K/V into `kv_caches` and reads them back (paged attention);
+     on CUDA a decode-only step replays a CUDA graph captured at start-up instead (cuda_graph.py).
   4. logits only at `logits_indices` (each request's last scheduled token), then the sampler.
   5. a request still in the middle of its prompt (chunked prefill) discards its sample; the others
      append the token to the runner's own copy of the request, ready to be fed next step.
@@ -31,6 +32,7 @@ from mini.sample.metadata import SamplingMetadata
 from mini.sample.sampler import Sampler
 from mini.seams import seam
 from mini.spec_decode.proposer import build_drafter
+from mini.worker import cuda_graph
 from mini.worker.input_batch import CachedRequestState, InputBatch
 from mini.worker.model_runner_output import ModelRunnerOutput
 from mini.worker.spec_decode import SpecDecodeMetadata, verify_drafts
@@ -77,6 +79,10 @@ class ModelRunner:
         # The last step's flat batch (views and benchmarks read it); its AttentionMetadata is a view of the
         # same tensors, rebuilt by `build_attention_metadata` where needed rather than stored twice.
         self.last_inputs: batch_inputs.PreparedInputs | None = None
+        # Start-up, after the KV caches exist (vLLM's `compile_or_warm_up_model`): capture the decode CUDA
+        # graphs (cuda_graph.py); None when decode runs eager (CPU, enforce_eager, a non-capturable backend).
+        self.cuda_graph_runner = cuda_graph.build_cuda_graph_runner(config, model, self.kv_caches,
+                                                                    self.attention_backend)
 
     # ------------------------------------------------------------------ 1. request state
     @seam("update_states")
@@ -165,7 +171,7 @@ class ModelRunner:
             return ModelRunnerOutput.empty()
         inputs, metadata = self.prepare_inputs(scheduler_output)
         self.last_inputs = inputs
-        hidden, logits = run_model(self.model, self.kv_caches, inputs, metadata)
+        hidden, logits = self._forward(inputs, metadata)
 
         states = self.input_batch.occupied_requests()
         seq_lens = inputs.seq_lens.tolist()
@@ -212,6 +218,16 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             spec_token_ids=spec_token_ids,
         )
+
+    def _forward(self, inputs: batch_inputs.PreparedInputs, metadata: AttentionMetadata
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode-only step replays a captured graph (hidden states; logits eagerly after, as vLLM) while no
+        seam is replaced; every other step runs `run_model` eagerly."""
+        graphs = self.cuda_graph_runner
+        if graphs is not None and graphs.can_run(inputs.seq_lens.shape[0], inputs.input_ids.shape[0]):
+            hidden = graphs.run(inputs)
+            return hidden, self.model.compute_logits(hidden[inputs.logits_indices])
+        return run_model(self.model, self.kv_caches, inputs, metadata)
 
     def _grammar_bitmask(self, grammar_output: GrammarOutput | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Structured output: (int32 bitmask [n, ceil(V/32)], batch rows [n]) or None."""

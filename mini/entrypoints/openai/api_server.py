@@ -197,6 +197,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enable-prefix-caching", action="store_true")
     parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no CUDA graphs for decode (default: captured at start-up on CUDA; CPU always runs eager)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
@@ -214,7 +216,7 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "gpu_memory_utilization": args.gpu_memory_utilization,
                 "enable_prefix_caching": args.enable_prefix_caching, "scheduling_policy": args.scheduling_policy,
-                "device": args.device, "dtype": args.dtype, "seed": args.seed,
+                "enforce_eager": args.enforce_eager, "device": args.device, "dtype": args.dtype, "seed": args.seed,
                 "speculative_config": args.speculative_config}
 
 
