@@ -114,8 +114,8 @@ class Scheduler:
         self.step_index = 0
         self.num_preemptions_total = 0
         # Speculative decoding: k drafts per request and step; a drafter with its own KV cache writes the
-        # drafts' keys and values ahead of the verified tokens, so every allocation reserves k lookahead slots
-        # (vLLM: `num_lookahead_tokens`).
+        # drafts' keys and values ahead of the verified tokens, so an allocation that ends the request's known
+        # tokens reserves k lookahead slots (vLLM: `num_lookahead_tokens`).
         spec = config.speculative_config
         self.num_spec_tokens = 0 if spec is None else spec.num_speculative_tokens
         self.num_lookahead_tokens = self.num_spec_tokens if spec is not None and spec.needs_kv_cache else 0
@@ -168,8 +168,16 @@ class Scheduler:
         return num_tokens_to_schedule(num_computed_tokens + num_new_tokens, num_computed_tokens, token_budget,
                                       self.long_prefill_token_threshold, self.max_request_len)
 
-    def _lookahead(self, num_tokens_after_step: int) -> int:
-        """Speculative decoding: extra slots for a drafter's KV, never past the longest a request may get."""
+    def _lookahead(self, request: Request, num_tokens_after_step: int) -> int:
+        """Speculative decoding: extra slots for a drafter's KV, never past the longest a request may get.
+
+        Only a step that reaches the request's last known token is followed by drafting; a prefill chunk
+        gets none. `allocate_slots` caches the full blocks of the slots it is asked for (up to the request's
+        known tokens), so lookahead slots inside an unfinished prompt would publish blocks this step never
+        writes as prefix-cache hits.
+        """
+        if num_tokens_after_step < request.num_tokens:
+            return 0
         return max(0, min(self.num_lookahead_tokens, self.max_request_len - num_tokens_after_step))
 
     def _pick_victim(self) -> Request:
@@ -236,7 +244,7 @@ class Scheduler:
                 continue
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(
-                    request, num_new_tokens + self._lookahead(request.num_computed_tokens + num_new_tokens))
+                    request, num_new_tokens + self._lookahead(request, request.num_computed_tokens + num_new_tokens))
                 if new_blocks is not None:
                     break
                 victim = self._pick_victim()
@@ -279,7 +287,7 @@ class Scheduler:
                 if num_new_tokens == 0:
                     break
                 new_blocks = self.kv_cache_manager.allocate_slots(
-                    request, num_new_tokens + self._lookahead(num_hit_tokens + num_new_tokens), num_hit_tokens,
+                    request, num_new_tokens + self._lookahead(request, num_hit_tokens + num_new_tokens), num_hit_tokens,
                     hit_blocks)
                 if new_blocks is None:
                     break
