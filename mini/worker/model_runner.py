@@ -165,20 +165,21 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None
                       ) -> ModelRunnerOutput:
         self.update_states(scheduler_output)
-        for state in self.input_batch.occupied_requests():  # speculative decoding: this step's drafts
-            state.spec_token_ids = list(scheduler_output.scheduled_spec_decode_tokens.get(state.req_id, ()))
-        if self.input_batch.num_reqs == 0 or scheduler_output.total_num_scheduled_tokens == 0:
+        states = self.input_batch.occupied_requests()
+        if self.drafter is not None:  # speculative decoding: this step's drafts (none ever without a drafter)
+            for state in states:
+                state.spec_token_ids = list(scheduler_output.scheduled_spec_decode_tokens.get(state.req_id, ()))
+        if not states or scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
         inputs, metadata = self.prepare_inputs(scheduler_output)
         self.last_inputs = inputs
         hidden, logits = self._forward(inputs, metadata)
 
-        states = self.input_batch.occupied_requests()
         seq_lens = inputs.seq_lens.tolist()
         # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards.
         is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens)]
         # Speculative decoding: rows with drafts are sampled by verification below, not here.
-        spec = SpecDecodeMetadata.build(states, inputs.query_start_loc.tolist())
+        spec = SpecDecodeMetadata.build(states, inputs.query_start_loc)
         spec_rows = set() if spec is None else set(spec.rows)
         saved = {row: states[row].generator.get_state() for row in range(len(states))
                  if (is_partial[row] or row in spec_rows) and states[row].generator is not None}

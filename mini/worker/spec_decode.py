@@ -40,12 +40,14 @@ class SpecDecodeMetadata:
     target_row_indices: list[list[int]]  # flat hidden-state rows 0..k of each (k = its number of drafts)
 
     @classmethod
-    def build(cls, states: list[CachedRequestState], query_start_loc: list[int]) -> SpecDecodeMetadata | None:
+    def build(cls, states: list[CachedRequestState], query_start_loc: torch.Tensor) -> SpecDecodeMetadata | None:
+        """None when no row has drafts (then nothing is read back from `query_start_loc`)."""
         rows = [row for row, state in enumerate(states) if state.spec_token_ids]
         if not rows:
             return None
         drafts = [list(states[row].spec_token_ids) for row in rows]
-        last_rows = [query_start_loc[row + 1] - 1 for row in rows]
+        starts = query_start_loc.tolist()
+        last_rows = [starts[row + 1] - 1 for row in rows]
         return cls(rows=rows, draft_token_ids=drafts,
                    target_row_indices=[list(range(last - len(d), last + 1)) for last, d in zip(last_rows, drafts)])
 
