@@ -2,7 +2,8 @@
 
 Mirrors `SpecDecodeBaseProposer` in vllm/v1/spec_decode/eagle.py (vLLM's draft_model.py builds on it). The
 drafter's cache has the target's block table: the same block ids and slots, in tensors of its own. The
-scheduler reserves k lookahead slots per request, so the drafts' keys and values always have a place.
+scheduler reserves k lookahead slots on every step that reaches a request's last token (the steps after
+which it drafts), so the drafts' keys and values always have a place.
 
 Each step, after the target has sampled:
   1. catch up: one flat pass over every position the target computed this step that is now part of its
