@@ -3,6 +3,7 @@
     python -m labs.course release [NN_topic ...]  # normalize solutions/, regenerate phases/ with nbgrader
     python -m labs.course check [NN_topic ...]    # exit 1 and list the files if phases/ drifted
     python -m labs.course list                    # the phases (assignment ids) found in solutions/
+    python -m labs.course citations               # exit 1 and list every vLLM citation the pinned release lacks
 
 With no NN_topic, every phase in solutions/ is processed (and stale phases/ files are deleted).
 """
@@ -17,7 +18,7 @@ from labs.course.release import find_drift, list_assignments, release
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labs.course", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["release", "check", "list"])
+    parser.add_argument("command", choices=["release", "check", "list", "citations"])
     parser.add_argument("assignment_ids", nargs="*", metavar="NN_topic", help="only these phases")
     args = parser.parse_args(argv)
     known = list_assignments()
@@ -25,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown phase(s) {unknown}; phases in solutions/: {known}")
     ids = args.assignment_ids or None
+    if args.command == "citations":
+        from labs.course.vllm_citations import find_broken_citations
+
+        broken = find_broken_citations()
+        print("\n".join(map(str, broken)) if broken else "every vLLM citation exists in the pinned release")
+        return 1 if broken else 0
     if args.command == "list":
         print("\n".join(list_assignments()))
         return 0
