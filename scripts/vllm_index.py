@@ -48,6 +48,7 @@ FIELD_CLASSES = [
     ("vllm/config/speculative.py", "SpeculativeConfig"),
     ("vllm/config/parallel.py", "ParallelConfig"),
     ("vllm/config/model.py", "ModelConfig"),
+    ("vllm/config/attention.py", "AttentionConfig"),
 ]
 
 
@@ -82,15 +83,29 @@ def _module_names(tree: ast.Module) -> list[str]:
     return names
 
 
+def _default_source(value: ast.expr | None) -> str | None:
+    """A field's default as source text: `x: int = 3` -> "3"; `Field(default=3, ...)`, `field(default=3)` ->
+    "3"; `field(default_factory=list)` -> "list()"; no default -> None."""
+    if value is None:
+        return None
+    if isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in {"Field", "field"}:
+        for keyword in value.keywords:
+            if keyword.arg == "default":
+                return ast.unparse(keyword.value)
+            if keyword.arg == "default_factory":
+                return f"{ast.unparse(keyword.value)}()"
+        return ast.unparse(value.args[0]) if value.args else None
+    return ast.unparse(value)
+
+
 def _fields(tree: ast.Module, class_name: str, source: str) -> dict[str, str | None]:
-    """name -> default (source text, or None when the field has none) of a class body's annotated fields."""
+    """name -> default (see _default_source) of a class body's annotated fields."""
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             out: dict[str, str | None] = {}
             for item in node.body:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    value = ast.get_source_segment(source, item.value) if item.value is not None else None
-                    out[item.target.id] = value if value is None or len(value) <= 200 else value[:200] + "..."
+                    out[item.target.id] = _default_source(item.value)
             return out
     raise SystemExit(f"{class_name} not found: update FIELD_CLASSES for this release")
 
