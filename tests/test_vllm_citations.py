@@ -48,3 +48,18 @@ def test_a_broken_citation_is_reported(text, reason):
 ])
 def test_a_correct_citation_passes(text):
     assert check_text(text, "example") == []
+
+
+PIN_LINE = "> Paths and line numbers refer to **vLLM v0.33.0**."
+
+
+def test_every_deep_dive_names_the_pinned_release():
+    """Each phase's Deep dive says, right under its heading, which vLLM release its paths refer to."""
+    deep_dives = {w: t for w, t in cited_sources().items() if w.startswith("solutions/") and t.startswith("## 1. Deep")}
+    missing = [where for where, text in deep_dives.items() if PIN_LINE not in text.splitlines()[:3]]
+    assert len(deep_dives) >= 15
+    assert not missing, f"Deep dives without the line {PIN_LINE!r} under their heading: {missing}"
+
+
+def test_the_readme_names_the_pinned_release():
+    assert "vLLM v0.33.0" in cited_sources()["README.md"]
