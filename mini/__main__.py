@@ -24,6 +24,7 @@ BENCHMARKS = {
     "serve": "mini.bench.serve",
     "spec": "mini.bench.spec",
     "profile": "mini.bench.profile",
+    "gpu": "mini.bench.gpu",
 }
 
 
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
-                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec] [--help | options]` (engine by default)")
+                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu] [--help | options]` (engine by default)")
     return parser
 
 
@@ -71,8 +72,8 @@ def run_bench(argv: list[str]) -> int:
     if which not in BENCHMARKS:
         print(f"error: unknown benchmark {which!r}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
         return 2
-    importlib.import_module(BENCHMARKS[which]).main(rest)
-    return 0
+    returned = importlib.import_module(BENCHMARKS[which]).main(rest)
+    return returned if isinstance(returned, int) else 0
 
 
 def run_generate(args: argparse.Namespace) -> int:

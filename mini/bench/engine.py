@@ -10,14 +10,18 @@ alternating round by round so machine noise hits both alike:
 - ceiling: mini's model forward passes alone, replaying the exact batches the engine ran (same
   input_ids, positions and attention metadata) with no scheduler, sampler or bookkeeping.
 
-Throughput counts the output tokens each request asked for. The last line is
+Throughput counts the output tokens each request asked for. Every figure is the median of the rounds, printed
+with its spread (min-max). The first line names the machine, the torch threads and the commit. The last line is
 `speedup_vs_transformers=X.XX ceiling_fraction=Y.YY` (engine time spent in the model / engine time).
+`--peer llamacpp` compares with llama.cpp instead of transformers (mini/bench/llamacpp.py; last line
+`speedup_vs_llamacpp=X.XX ttft_ratio=Y.YY`). `--device cuda --dtype bfloat16` runs both on a GPU
+(`--enforce-eager`: mini without CUDA graphs).
 `--baseline-attention-backend torch` adds a third system to every round, mini with the readable phase 03
 attention (mini/attention/reference.py) instead of the CPU default, to show what the fast path buys.
 
 The workload's shape (prompt and output lengths drawn from the same ranges, seed 0) is the same for
-every model; its size is not: the shipped 3M-parameter model runs 128 prompts x 2 rounds, a real model
-(`--model HuggingFaceTB/SmolLM2-135M-Instruct`, 45x larger) 8 prompts x 1 round, so that one run takes
+every model; its size is not: the shipped 3M-parameter model runs 128 prompts, a real model
+(`--model HuggingFaceTB/SmolLM2-135M-Instruct`, 45x larger) 8 prompts, 3 rounds each, so that one run takes
 a few minutes on 2 CPU cores. `--num-prompts` / `--rounds` override either.
 """
 
@@ -25,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -105,10 +112,12 @@ def replay_model_only(llm, recorded: list) -> float:
     with torch.inference_mode():
         for step_inputs in recorded:
             runner.replay_forward(step_inputs)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def run_transformers(model, tokenizer, workload: Workload, batch_size: int) -> float:
+def run_transformers(model, tokenizer, workload: Workload, batch_size: int, device: str = "cpu") -> float:
     """Greedy `generate()` in left-padded batches, each run to its longest requested output."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start = time.perf_counter()
@@ -122,14 +131,37 @@ def run_transformers(model, tokenizer, workload: Workload, batch_size: int) -> f
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             attention_mask[row, width - len(prompt):] = 1
         with torch.inference_mode():
-            model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
-                           max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=pad_id)
+            model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                           do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=pad_id)
+    _synchronize(device)
     return time.perf_counter() - start
 
 
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def spread(values: list[float]) -> str:
+    """'median (min-max)' of one figure's rounds."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def machine_line(threads: int, device: str) -> str:
+    """Machine, threads, device and commit: the header every benchmark table in the README quotes."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+                                cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    gpu = f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
+    return (f"machine: {platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores"
+            f"{gpu}; torch {torch.__version__}, {threads} threads; commit {commit}")
+
+
 # How much of the workload runs, by model: the same shape, scaled to a few minutes on 2 CPU cores.
-SHIPPED_MODEL_SIZE = {"num_prompts": 128, "rounds": 2}
-REAL_MODEL_SIZE = {"num_prompts": 8, "rounds": 1}
+SHIPPED_MODEL_SIZE = {"num_prompts": 128, "rounds": 3}
+REAL_MODEL_SIZE = {"num_prompts": 8, "rounds": 3}
 
 
 def apply_default_size(args: argparse.Namespace) -> None:
@@ -161,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mini's attention backend (default: the engine's choice, torch_fast on CPU)")
     parser.add_argument("--baseline-attention-backend", default=None, choices=ATTENTION_BACKENDS,
                         help="also time mini with this attention backend in every round (e.g. torch)")
+    parser.add_argument("--peer", default="transformers", choices=("transformers", "llamacpp"),
+                        help="what mini is compared with: transformers generate() (default) or llama.cpp through "
+                             "llama-cpp-python on the model's GGUF file (pip install -e '.[llamacpp]')")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="default float32 on cpu, bfloat16 on cuda (both systems)")
+    parser.add_argument("--enforce-eager", action="store_true", help="mini without CUDA graphs")
     return parser
 
 
@@ -170,27 +209,37 @@ def main(argv: list[str] | None = None) -> int:
     apply_default_size(args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: --device cuda needs a CUDA GPU and a CUDA build of torch", file=sys.stderr)
+        return 2
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.peer == "llamacpp":
+        from mini.bench import llamacpp
+
+        return llamacpp.compare(args)
     from transformers import AutoModelForCausalLM
 
     from mini import LLM
 
-    engine_args = {"model": args.model, "max_num_seqs": args.max_num_seqs,
-                   "max_num_batched_tokens": args.max_num_batched_tokens, "seed": args.seed}
+    engine_args = {"model": args.model, "max_num_seqs": args.max_num_seqs, "device": args.device, "dtype": dtype,
+                   "max_num_batched_tokens": args.max_num_batched_tokens, "seed": args.seed,
+                   "enforce_eager": args.enforce_eager}
     llm = LLM(attention_backend=args.attention_backend, **engine_args)
     baseline = None
     if args.baseline_attention_backend is not None:
         baseline = LLM(attention_backend=args.baseline_attention_backend, **engine_args)
     tokenizer = llm.get_tokenizer()
     model_dir = str(llm.llm_engine.config.model_dir)
-    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
     workload = make_workload(tokenizer, args.num_prompts, tuple(args.prompt_len), tuple(args.output_len),
                              args.seed)
+    print(machine_line(torch.get_num_threads(), args.device))
     print(f"workload: {args.num_prompts} prompts, {workload.num_prompt_tokens} prompt tokens, "
-          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); torch threads "
-          f"{torch.get_num_threads()}")
+          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); {args.device} {dtype}; "
+          f"{args.rounds} alternating rounds")
 
     run_mini(llm, Workload(workload.prompts[:4], [4] * 4))  # warm-up, every system
-    run_transformers(hf_model, tokenizer, Workload(workload.prompts[:2], [4, 4]), 2)
+    run_transformers(hf_model, tokenizer, Workload(workload.prompts[:2], [4, 4]), 2, args.device)
     if baseline is not None:
         run_mini(baseline, Workload(workload.prompts[:4], [4] * 4))
 
@@ -205,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         wall["mini"].append(mini_time)
         wall["model"].append(replay_model_only(llm, recorded))
         cpu_start = time.process_time()
-        wall["hf"].append(run_transformers(hf_model, tokenizer, workload, args.hf_batch_size))
+        wall["hf"].append(run_transformers(hf_model, tokenizer, workload, args.hf_batch_size, args.device))
         cpu["hf"].append(time.process_time() - cpu_start)
         baseline_note = ""
         if baseline is not None:
@@ -219,16 +268,19 @@ def main(argv: list[str] | None = None) -> int:
               f"(cpu {cpu['hf'][-1]:.1f}s){baseline_note}")
 
     tokens = workload.num_output_tokens
+    rates = {name: [tokens / t for t in times] for name, times in wall.items()}
     mini_time, hf_time, ceiling_time = (statistics.median(wall[name]) for name in ("mini", "hf", "model"))
-    print(f"mini:          {tokens / mini_time:9.1f} output tok/s")
-    print(f"transformers:  {tokens / hf_time:9.1f} output tok/s  (batch {args.hf_batch_size}, padded)")
-    print(f"model alone:   {tokens / ceiling_time:9.1f} output tok/s  (ceiling: the same batches, no engine)")
+    print(f"mini:          {spread(rates['mini'])} output tok/s, median (min-max)")
+    print(f"transformers:  {spread(rates['hf'])} output tok/s  (batch {args.hf_batch_size}, padded)")
+    print(f"model alone:   {spread(rates['model'])} output tok/s  (ceiling: the same batches, no engine)")
     if wall["baseline"]:
         baseline_time = statistics.median(wall["baseline"])
-        print(f"mini, {args.baseline_attention_backend} attention: {tokens / baseline_time:9.1f} output tok/s  "
+        print(f"mini, {args.baseline_attention_backend} attention: {spread(rates['baseline'])} output tok/s  "
               f"(attention backend {llm.llm_engine.model_runner.attention_backend} is "
               f"{baseline_time / mini_time:.2f}x faster; vs transformers {hf_time / baseline_time:.2f}x)")
     print(f"by CPU time: transformers / mini = {statistics.median(cpu['hf']) / statistics.median(cpu['mini']):.2f}")
+    ratios = [hf / mini for hf, mini in zip(wall["hf"], wall["mini"])]
+    print(f"speedup per round: {spread(ratios)}")
     print(f"speedup_vs_transformers={hf_time / mini_time:.2f} ceiling_fraction={ceiling_time / mini_time:.2f}")
     return 0
 

@@ -1,0 +1,213 @@
+"""`python -m mini bench gpu`: validate and time mini's whole GPU path in one command (a CUDA machine only).
+
+1. **Validate**: run, natively on the GPU (no TRITON_INTERPRET), the same test files the CPU suite runs under
+   Triton's interpreter or the CUDA-graph stand-in (`GPU_TESTS`): the Triton store-KV, paged decode and paged
+   prefill kernels against the PyTorch reference, the structured-output bitmask kernel, the engine on the Triton
+   backend, CUDA graph capture and replay token-identical to eager (with the tests that skip without CUDA), and
+   Triton's compiler for the H100 target.
+2. **Time the kernels**: mini's Triton paged attention against SDPA on the same K/V stored contiguously (PyTorch
+   picks its FlashAttention kernel where no mask is needed), at several decode and prefill batch/context mixes.
+3. **Time the engine**: `python -m mini bench` on SmolLM2-135M-Instruct in bf16, mini (with CUDA graphs, then
+   `--enforce-eager`) against transformers `generate()`.
+
+Everything is written to a folder it names (`--out`, default `bench-results/gpu-<time>/`): `report.md` and
+`report.json`. Budget: under 10 minutes on one H100. Without CUDA it stops at once and says so (exit 2); the same
+tests then run on the CPU in `bash scripts/test.sh`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from xml.etree import ElementTree
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GPU_TESTS = [
+    "tests/test_triton_paged.py",             # store_kv, paged decode, paged prefill vs the reference
+    "tests/test_structured_output_triton.py",  # the grammar bitmask kernel
+    "tests/test_triton_engine.py",            # the engine on the Triton backend, token-exact
+    "tests/test_worker_cuda_graph.py",        # capture + replay == eager (3 tests run only with CUDA)
+    "tests/test_triton_compile.py",           # Triton's real compiler for the H100 target
+]
+# (name, [(new query tokens, context length incl. them) per request]): engine-step shapes on a GPU.
+GPU_MIXES = [
+    ("decode b=1 ctx=4096", [(1, 4096)]),
+    ("decode b=16 ctx=2048", [(1, 2048)] * 16),
+    ("decode b=64 ctx=1024", [(1, 1024)] * 64),
+    ("decode b=64 ragged 64..4096", [(1, 64 + (i * 4032) // 63) for i in range(64)]),
+    ("prefill b=1 2048", [(2048, 2048)]),
+    ("prefill b=8 512", [(512, 512)] * 8),
+    ("prefill chunk 512 over 4096", [(512, 4096)] * 2),
+]
+NEEDS_CUDA = ("`python -m mini bench gpu` needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is "
+              "False here). Without one, the same kernel and CUDA-graph tests run on the CPU under "
+              "TRITON_INTERPRET=1 and the CPU stand-in: `bash scripts/test.sh`.")
+
+
+def run_gpu_tests(out_dir: Path, timeout_s: int) -> dict:
+    """The GPU test files, natively; counts from pytest's JUnit XML."""
+    missing = [path for path in GPU_TESTS if not (REPO_ROOT / path).exists()]
+    if missing:
+        return {"error": f"test files not found (run from a clone of the repository): {missing}"}
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    junit = out_dir / "gpu-tests.xml"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", f"--junitxml={junit}",
+               *GPU_TESTS]
+    start = time.perf_counter()
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                               timeout=timeout_s, check=False)
+    (out_dir / "gpu-tests.log").write_text(completed.stdout + completed.stderr)
+    suite = ElementTree.parse(junit).getroot() if junit.exists() else None
+    suite = suite.find("testsuite") if suite is not None and suite.tag == "testsuites" else suite
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")} if suite else {}
+    failed = [f"{case.get('classname')}::{case.get('name')}" for case in (suite.iter("testcase") if suite else [])
+              if case.find("failure") is not None or case.find("error") is not None]
+    return {"command": " ".join(command[2:]), "returncode": completed.returncode, "seconds": time.perf_counter() - start,
+            **counts, "failed": failed, "tail": completed.stdout.strip().splitlines()[-1:]}
+
+
+def _contiguous_sdpa(query, metadata, contiguous, scale):
+    """SDPA over every request's K/V stored contiguously, padded into one call ([B, H, q, D]); no mask where
+    none is needed (equal lengths: decode, or fresh prompts with is_causal), so PyTorch may pick FlashAttention."""
+    import torch.nn.functional as F
+
+    starts = metadata.query_start_loc.tolist()
+    query_lens = [b - a for a, b in itertools.pairwise(starts)]
+    seq_lens = metadata.seq_lens.tolist()
+    longest, widest = max(seq_lens), max(query_lens)
+    batch, num_kv_heads, head_size = len(seq_lens), contiguous[0].shape[1], contiguous[0].shape[3]
+    keys = torch.zeros(batch, num_kv_heads, longest, head_size, dtype=query.dtype, device=query.device)
+    values = torch.zeros_like(keys)
+    for row, kv in enumerate(contiguous):
+        keys[row, :, : kv.shape[2]], values[row, :, : kv.shape[2]] = kv[0], kv[1]
+    rows = torch.zeros(batch, widest, *query.shape[1:], dtype=query.dtype, device=query.device)
+    for row, (start, q) in enumerate(zip(starts, query_lens)):
+        rows[row, :q] = query[start:start + q]
+    uniform = len(set(seq_lens)) == 1 and len(set(query_lens)) == 1
+    mask = None
+    if not uniform or widest not in (1, longest):
+        mask = torch.zeros(batch, 1, widest, longest, dtype=torch.bool, device=query.device)
+        for row, (q, s) in enumerate(zip(query_lens, seq_lens)):
+            mask[row, 0, :q, :s] = torch.ones(q, s, dtype=torch.bool, device=query.device).tril(s - q)
+            mask[row, 0, q:, 0] = True
+    is_causal = mask is None and widest == longest and widest > 1
+    rows_t = rows.transpose(1, 2)
+
+    def run():
+        return F.scaled_dot_product_attention(rows_t, keys, values, attn_mask=mask, is_causal=is_causal,
+                                              scale=scale, enable_gqa=True)
+
+    return run, mask is None
+
+
+def time_kernels(repeats: int) -> list[dict]:
+    from mini.attention import reference, triton_paged
+    from mini.bench.attention import make_batch, time_it
+
+    num_heads, num_kv_heads, head_size, block_size = 32, 8, 128, 16
+    scale = head_size**-0.5
+    results = []
+    for name, mix in GPU_MIXES:
+        query, kv_caches, metadata, contiguous = make_batch(mix, num_heads, num_kv_heads, head_size, block_size,
+                                                            torch.bfloat16)
+        query, kv_cache = query.cuda(), kv_caches[0].cuda()
+        metadata = type(metadata)(**{field: (getattr(metadata, field).cuda() if torch.is_tensor(
+            getattr(metadata, field)) else getattr(metadata, field)) for field in metadata.__slots__})
+        per_request = [kv.cuda() for kv in contiguous[0]]
+        sdpa, flash_eligible = _contiguous_sdpa(query, metadata, per_request, scale)
+
+        def triton_call(query=query, kv_cache=kv_cache, metadata=metadata):
+            return triton_paged.paged_attention(query, kv_cache, metadata, scale)
+
+        expected = reference.paged_attention(query, kv_cache, metadata, scale).float()
+        max_error = (triton_call().float() - expected).abs().max().item()
+        t_triton, t_sdpa = time_it(triton_call, repeats, "cuda"), time_it(sdpa, repeats, "cuda")
+        kv_bytes = sum(2 * s * num_kv_heads * head_size * 2 for _, s in mix)
+        results.append({"mix": name, "triton_us": t_triton * 1e6, "sdpa_us": t_sdpa * 1e6,
+                        "triton_over_sdpa": t_triton / t_sdpa, "triton_kv_gb_s": kv_bytes / t_triton / 1e9,
+                        "sdpa_unmasked": flash_eligible, "max_abs_error_vs_reference": max_error})
+        print(f"  {name:32s} triton {t_triton * 1e6:9.1f} us  sdpa {t_sdpa * 1e6:9.1f} us  "
+              f"ratio {t_triton / t_sdpa:5.2f}  err {max_error:.1e}", flush=True)
+    return results
+
+
+def run_engine_bench(extra: list[str], timeout_s: int) -> dict:
+    command = [sys.executable, "-m", "mini", "bench", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+               "--device", "cuda", "--dtype", "bfloat16", "--num-prompts", "64", "--rounds", "3", *extra]
+    start = time.perf_counter()
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s,
+                               check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = completed.stdout.strip().splitlines()
+    figures = dict(re.findall(r"(\w+)=([\d.]+)", lines[-1])) if lines else {}
+    return {"command": " ".join(command[2:]), "returncode": completed.returncode,
+            "seconds": time.perf_counter() - start, "figures": figures, "output": lines[-8:],
+            "stderr_tail": completed.stderr.strip().splitlines()[-5:]}
+
+
+def write_report(out_dir: Path, report: dict) -> None:
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    lines = [f"# mini on {report['device']}", "", f"{report['machine']}", "", "## GPU tests (native)", ""]
+    tests = report["tests"]
+    lines.append(f"`{tests.get('command', '')}`: {tests.get('tests', 0)} tests, {tests.get('failures', 0)} failures, "
+                 f"{tests.get('errors', 0)} errors, {tests.get('skipped', 0)} skipped; failed: "
+                 f"{tests.get('failed') or 'none'} {tests.get('error', '')}")
+    lines += ["", "## Paged attention (bf16, 32 heads / 8 KV heads, head size 128, block 16)", "",
+              "| mix | Triton us | SDPA contiguous us | Triton / SDPA | Triton KV GB/s | max err |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {r['mix']} | {r['triton_us']:.1f} | {r['sdpa_us']:.1f}{'' if r['sdpa_unmasked'] else ' (masked)'} | "
+              f"{r['triton_over_sdpa']:.2f} | {r['triton_kv_gb_s']:.0f} | {r['max_abs_error_vs_reference']:.1e} |"
+              for r in report["kernels"]]
+    lines += ["", "## Engine: SmolLM2-135M-Instruct, bf16, vs transformers generate()", ""]
+    for label, result in report["engine"].items():
+        lines.append(f"- {label}: `{result['command']}` -> {result['figures'] or result['stderr_tail']}")
+    lines += ["", f"Total: {report['seconds']:.0f} s"]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mini bench gpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default bench-results/gpu-<time>/)")
+    parser.add_argument("--repeats", type=int, default=50, help="timed calls per kernel and mix")
+    parser.add_argument("--skip-tests", action="store_true", help="only the timings")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"error: {NEEDS_CUDA}", file=sys.stderr)
+        return 2
+    from mini.bench.engine import machine_line
+
+    start = time.perf_counter()
+    out_dir = args.out or REPO_ROOT / "bench-results" / time.strftime("gpu-%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"device": torch.cuda.get_device_name(), "machine": machine_line(torch.get_num_threads(), "cuda")}
+    print(f"{report['machine']}\nreport folder: {out_dir}", flush=True)
+    print("1/3 GPU tests, natively ...", flush=True)
+    report["tests"] = {"skipped_by_flag": True} if args.skip_tests else run_gpu_tests(out_dir, timeout_s=300)
+    print(f"    {report['tests']}", flush=True)
+    print("2/3 paged attention kernels vs SDPA on contiguous K/V ...", flush=True)
+    report["kernels"] = time_kernels(args.repeats)
+    print("3/3 engine vs transformers on SmolLM2 (bf16), with and without CUDA graphs ...", flush=True)
+    report["engine"] = {"cuda graphs": run_engine_bench([], timeout_s=240),
+                        "enforce_eager": run_engine_bench(["--enforce-eager"], timeout_s=240)}
+    report["seconds"] = time.perf_counter() - start
+    write_report(out_dir, report)
+    print((out_dir / "report.md").read_text())
+    failed = report["tests"].get("failures", 0) + report["tests"].get("errors", 0) or report["tests"].get("error")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

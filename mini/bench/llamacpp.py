@@ -1,0 +1,123 @@
+"""`python -m mini bench --model HuggingFaceTB/SmolLM2-135M-Instruct --peer llamacpp`: mini against llama.cpp.
+
+llama.cpp (through `llama-cpp-python`, an optional extra built from its source package: `pip install -e
+'.[llamacpp]'`, several minutes of C++ compilation on 2 cores) is what a user who wants fast CPU inference of a
+small model would pick. Both systems run the same weights: llama.cpp reads the GGUF file itself (SmolLM2 ships as
+Q4_1: 4-bit blocks with a scale and a minimum, and llama.cpp multiplies them in that form, with activations
+quantized to 8 bits), mini dequantizes the same file once into float32 (mini/model/gguf_loader.py) and computes in
+float32. So the weights' values are identical; the arithmetic is not (llama.cpp's is lower precision and moves 8x
+fewer bytes per weight), which is most of why llama.cpp is faster per token on a CPU.
+
+The workload is `bench engine`'s (same prompts as token ids, same output lengths, greedy, EOS ignored). What each
+system does with it is what its users get: mini batches every request continuously; llama-cpp-python's `Llama`
+generates one sequence at a time, so its requests run back to back. Reported, as median (min-max) of alternating
+rounds: output tokens per second, time to first token of one request alone (a 1-token generation of each of the
+first prompts), and how many of the greedy outputs agree token for token (they may part after a near-tie: the
+arithmetic differs). Last line: `speedup_vs_llamacpp=X.XX ttft_ratio=Y.YY` (mini's TTFT / llama.cpp's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from mini.bench.engine import Workload, machine_line, make_workload, spread
+
+INSTALL_HINT = ("llama-cpp-python is not installed: `pip install -e '.[llamacpp]'` builds it from its source "
+                "package (a C++ compiler and cmake are needed; about 10 minutes on 2 cores)")
+
+
+def gguf_file_for(model: str | None) -> str:
+    """The GGUF file behind `--model`: a .gguf path, or a packaged model such as SmolLM2 (mini/model/registry.py)."""
+    from mini.model import registry
+
+    if model is not None and model.endswith(".gguf"):
+        return model
+    packaged = registry.find_packaged_model(model) if model is not None else None
+    path = packaged.locate() if packaged is not None else None
+    if path is None:
+        raise SystemExit(f"--peer llamacpp needs a GGUF model (a .gguf file or one of "
+                         f"{registry.installed_packaged_models()}); got --model {model!r}")
+    return str(path)
+
+
+def run_llamacpp(llama, workload: Workload) -> tuple[float, list[list[int]]]:
+    """Greedy generation of each request in turn, exactly `output_len` tokens (EOS ignored)."""
+    outputs: list[list[int]] = []
+    start = time.perf_counter()
+    for prompt, out_len in zip(workload.prompts, workload.output_lens):
+        tokens: list[int] = []
+        for token in llama.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                    reset=True):
+            tokens.append(token)
+            if len(tokens) == out_len:
+                break
+        outputs.append(tokens)
+    return time.perf_counter() - start, outputs
+
+
+def run_mini(llm, workload: Workload) -> tuple[float, list[list[int]]]:
+    from mini import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+              for n in workload.output_lens]
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in workload.prompts], params, use_tqdm=False)
+    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> int:
+    return sum(x == y for x, y in zip(a, b))
+
+
+def compare(args: argparse.Namespace) -> int:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print(f"error: {INSTALL_HINT}")
+        return 2
+    from mini import LLM
+
+    gguf_path = gguf_file_for(args.model)
+    threads = torch.get_num_threads()
+    llm = LLM(model=args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              seed=args.seed, attention_backend=args.attention_backend)
+    longest = max(args.prompt_len) + max(args.output_len) + 8
+    llama = Llama(model_path=gguf_path, n_ctx=longest, n_threads=threads, n_threads_batch=threads,
+                  n_batch=512, verbose=False, seed=args.seed)
+    workload = make_workload(llm.get_tokenizer(), args.num_prompts, tuple(args.prompt_len),
+                             tuple(args.output_len), args.seed)
+    first_prompts = Workload(workload.prompts[:4], [1] * 4)
+    print(machine_line(threads, "cpu"))
+    print(f"workload: {args.num_prompts} prompts, {workload.num_prompt_tokens} prompt tokens, "
+          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); weights: {gguf_path} "
+          f"(llama.cpp computes on Q4_1 as stored; mini on the same values dequantized to float32)")
+    run_mini(llm, Workload(workload.prompts[:2], [4, 4]))        # warm-up, both
+    run_llamacpp(llama, Workload(workload.prompts[:2], [4, 4]))
+    times: dict[str, list[float]] = {"mini": [], "llamacpp": [], "mini_ttft": [], "llamacpp_ttft": []}
+    same = 0
+    for round_index in range(args.rounds):
+        mini_time, mini_out = run_mini(llm, workload)
+        llama_time, llama_out = run_llamacpp(llama, workload)
+        times["mini"].append(mini_time)
+        times["llamacpp"].append(llama_time)
+        times["mini_ttft"].append(statistics.median(
+            run_mini(llm, Workload([p], [1]))[0] for p in first_prompts.prompts))
+        times["llamacpp_ttft"].append(statistics.median(
+            run_llamacpp(llama, Workload([p], [1]))[0] for p in first_prompts.prompts))
+        same = agreement(mini_out, llama_out)
+        print(f"round {round_index}: mini {mini_time:.2f}s, llama.cpp {llama_time:.2f}s; time to first token "
+              f"mini {times['mini_ttft'][-1] * 1e3:.0f} ms, llama.cpp {times['llamacpp_ttft'][-1] * 1e3:.0f} ms")
+    tokens = workload.num_output_tokens
+    print(f"mini:       {spread([tokens / t for t in times['mini']])} output tok/s (continuous batching)")
+    print(f"llama.cpp:  {spread([tokens / t for t in times['llamacpp']])} output tok/s (one sequence at a time)")
+    print(f"time to first token, one request alone: mini {spread([t * 1e3 for t in times['mini_ttft']])} ms, "
+          f"llama.cpp {spread([t * 1e3 for t in times['llamacpp_ttft']])} ms")
+    print(f"greedy outputs identical token for token: {same} of {len(workload.prompts)}")
+    speedup = statistics.median(times["llamacpp"]) / statistics.median(times["mini"])
+    ttft_ratio = statistics.median(times["mini_ttft"]) / statistics.median(times["llamacpp_ttft"])
+    print(f"speedup_vs_llamacpp={speedup:.2f} ttft_ratio={ttft_ratio:.2f}")
+    return 0

@@ -1,0 +1,30 @@
+"""`python -m mini bench gpu`: without CUDA it stops at once with a clear message (exit 2); its GPU tests are the
+very test files the CPU suite runs (under TRITON_INTERPRET=1 or the CUDA-graph stand-in), so nothing is tested
+only on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mini.__main__ import main as cli
+from mini.bench import gpu
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: run `python -m mini bench gpu`")
+def test_without_cuda_it_says_it_needs_cuda(capsys):
+    assert cli(["bench", "gpu"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "scripts/test.sh" in err
+
+
+def test_its_gpu_tests_are_files_of_the_cpu_suite():
+    for path in gpu.GPU_TESTS:
+        assert (gpu.REPO_ROOT / path).is_file(), path
+        assert path.startswith("tests/test_")          # collected by `pytest tests` like every other test
+
+
+def test_its_mixes_cover_decode_and_prefill():
+    query_lens = {q for _, mix in gpu.GPU_MIXES for q, _ in mix}
+    assert 1 in query_lens and max(query_lens) >= 512
+    assert all(q <= s for _, mix in gpu.GPU_MIXES for q, s in mix)
