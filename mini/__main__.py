@@ -25,6 +25,7 @@ BENCHMARKS = {
     "spec": "mini.bench.spec",
     "profile": "mini.bench.profile",
     "gpu": "mini.bench.gpu",
+    "compile": "mini.bench.compile",
 }
 
 
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
-                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu] [--help | options]` (engine by default)")
+                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|compile] [--help | options]` (engine by default)")
     return parser
 
 

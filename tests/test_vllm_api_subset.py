@@ -60,6 +60,9 @@ DEFAULT_DIFFERS = {
                                                "config; mini from max_num_seqs)",
     "EngineConfig.dtype": "vLLM's 'auto' takes the checkpoint's dtype (bf16 on GPU); mini's float32 keeps CPU "
                           "output token-exact with transformers",
+    "EngineConfig.compilation_config": "vLLM's default CompilationConfig compiles (mode 3, VLLM_COMPILE, at -O2); "
+                                        "mini's None is mode 0, eager: on a CPU compiling did not pay for itself "
+                                        "(README, `python -m mini bench compile`)",
     "EngineConfig.logits_processors": "vLLM's None and mini's empty list both mean no custom processor",
     "serve.host": "vLLM's None listens on every interface; mini listens on 127.0.0.1 unless told otherwise",
     "serve.model": "vLLM's positional model_tag; mini's None is the shipped tiny model",

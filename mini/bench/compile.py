@@ -1,0 +1,83 @@
+"""`python -m mini bench compile`: torch.compile (`compilation_config=3`, mini/compilation.py) against eager.
+
+Mirrors what vLLM reports at start-up ("torch.compile takes N s in total") and what its compilation is for:
+the same engine and workload (`bench engine`'s: prompt windows of the stdlib corpus, greedy, EOS ignored),
+once with the model's forward compiled and once eager, alternating round by round. Printed: the compile seconds
+(the first compiled run minus an eager run of the same warm-up), output tokens per second of each as median
+(min-max), and whether the greedy outputs are token-identical. Last line:
+`compile_speedup=X.XX compile_seconds=Y.Y identical=True|False`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from mini.bench.engine import Workload, machine_line, make_workload, spread
+
+
+def run(llm, workload: Workload) -> tuple[float, list[list[int]]]:
+    from mini import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+              for n in workload.output_lens]
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in workload.prompts], params, use_tqdm=False)
+    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mini bench compile", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="local HF folder, .gguf file or offline hub id")
+    parser.add_argument("--num-prompts", type=int, default=None, help="default 64 (shipped model), 8 (other)")
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from mini import LLM
+
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    num_prompts = args.num_prompts or (64 if args.model is None else 8)
+    common = {"model": args.model, "device": args.device, "dtype": dtype, "max_num_seqs": 64,
+              "max_num_batched_tokens": 1024}
+    eager = LLM(**common)
+    compiled = LLM(compilation_config=3, **common)
+    workload = make_workload(eager.get_tokenizer(), num_prompts, tuple(args.prompt_len), tuple(args.output_len), 0)
+    warm_up = Workload(workload.prompts[:4], [8] * 4)
+    print(machine_line(torch.get_num_threads(), args.device))
+    print(f"workload: {num_prompts} prompts, {workload.num_output_tokens} output tokens; {args.device} {dtype}")
+    eager_first = run(eager, warm_up)[0]
+    compile_seconds = run(compiled, warm_up)[0] - eager_first
+    print(f"compile: {compile_seconds:.1f} s (first compiled run minus an eager one)")
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    identical = True
+    for round_index in range(args.rounds):
+        eager_time, eager_out = run(eager, workload)
+        compiled_time, compiled_out = run(compiled, workload)
+        times["eager"].append(eager_time)
+        times["compiled"].append(compiled_time)
+        identical = identical and eager_out == compiled_out
+        print(f"round {round_index}: eager {eager_time:.2f}s, compiled {compiled_time:.2f}s")
+    tokens = workload.num_output_tokens
+    print(f"eager:    {spread([tokens / t for t in times['eager']])} output tok/s")
+    print(f"compiled: {spread([tokens / t for t in times['compiled']])} output tok/s")
+    speedup = statistics.median(times["eager"]) / statistics.median(times["compiled"])
+    print(f"compile_speedup={speedup:.2f} compile_seconds={compile_seconds:.1f} identical={identical}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
