@@ -1,7 +1,9 @@
-"""Mirrors vllm/beam_search.py: the state of beam search, which vLLM v1 runs at the entry point.
+"""Mirrors vllm/entrypoints/generate/beam_search/utils.py: the state of beam search, which vLLM v1 runs at the
+entry point (`BeamSearchOfflineMixin.beam_search` in vllm/entrypoints/generate/beam_search/offline.py, the
+`LLM.beam_search` that vllm/entrypoints/llm.py's `LLM` inherits).
 
-vLLM v1's engine core knows nothing about beams. `LLM.beam_search` (mini/entrypoints/llm.py, as
-vllm/entrypoints/llm.py) keeps, per prompt, a `BeamSearchInstance`: the live `beams` and the `completed`
+vLLM v1's engine core knows nothing about beams. `LLM.beam_search` (mini/entrypoints/llm.py) keeps, per
+prompt, a `BeamSearchInstance`: the live `beams` and the `completed`
 ones. Every step it sends each live beam to the engine as a new one-token request whose prompt is the
 beam's tokens (prompt + generated so far), asking for `2 * beam_width` logprobs; each beam's candidates are
 its tokens plus one of those tokens. Candidates ending in EOS move to `completed`; the best `beam_width` of
@@ -9,10 +11,11 @@ the rest, by `get_beam_search_score`, are the next live beams. The beams of one 
 so with prefix caching on, each step's requests find that prefix's full KV blocks in the cache and only
 prefill the tail: the sharing a V0-style beam search did with copy-on-write blocks, here for free.
 
-The score is vLLM's (adapted from transformers' old `BeamHypotheses.add`): the cumulative logprob divided
-by `seq_len ** length_penalty`, where `seq_len` counts EVERY token of the sequence, the prompt included,
-minus one when the last token is EOS. (transformers' current `generate(num_beams=...)` divides by the number
-of generated tokens, EOS included; see tests/test_entry_beam_search.py for where the two agree.)
+The score is vLLM v0.33.0's `get_beam_search_score`: the cumulative logprob divided by
+`max(num_generated_tokens, 1) ** length_penalty`, counting the generated tokens and a final EOS (one `logprobs`
+entry each), as transformers' `generate(num_beams=...)` does. In older releases vLLM divided by the length of
+the whole sequence, prompt included, minus a final EOS (transformers' old `BeamHypotheses.add`): with prompts
+of different lengths that ranked beams differently.
 """
 
 from __future__ import annotations
@@ -67,22 +70,16 @@ class BeamSearchInstance:
         self.completed: list[BeamSearchSequence] = []
 
 
-def get_beam_search_score(
-    tokens: list[int], cumulative_logprob: float, eos_token_id: int | None, length_penalty: float = 1.0
-) -> float:
-    """cumulative_logprob / seq_len ** length_penalty; seq_len counts the prompt and drops a final EOS."""
-    seq_len = len(tokens)
-    if eos_token_id is not None and tokens[-1] == eos_token_id:
-        seq_len -= 1
-    return cumulative_logprob / (seq_len**length_penalty)
+def get_beam_search_score(num_generated_tokens: int, cumulative_logprob: float, length_penalty: float = 1.0) -> float:
+    """cumulative_logprob / max(num_generated_tokens, 1) ** length_penalty (a final EOS counts as generated)."""
+    return cumulative_logprob / (max(num_generated_tokens, 1) ** length_penalty)
 
 
-def create_sort_beams_key_function(
-    eos_token_id: int | None, length_penalty: float
-) -> Callable[[BeamSearchSequence], float]:
-    """The sort key `LLM.beam_search` ranks beams by (higher is better)."""
+def create_sort_beams_key_function(length_penalty: float) -> Callable[[BeamSearchSequence], float]:
+    """The sort key `LLM.beam_search` ranks beams by (higher is better): one `logprobs` entry per generated token,
+    EOS included."""
 
     def sort_beams_key(beam: BeamSearchSequence) -> float:
-        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos_token_id, length_penalty)
+        return get_beam_search_score(len(beam.logprobs), beam.cum_logprob, length_penalty)
 
     return sort_beams_key

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from mini.attention import ATTENTION_BACKEND_MODULES
+from mini.compilation import CompilationMode, parse_compilation_mode
 from mini.core.sched.request_queue import SchedulingPolicy
 from mini.spec_decode.config import SpeculativeConfig
 
@@ -22,7 +23,7 @@ SHIPPED_DRAFT_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama-draft"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SCHEDULING_POLICIES = tuple(policy.value for policy in SchedulingPolicy)
 ATTENTION_BACKENDS = tuple(ATTENTION_BACKEND_MODULES)
-PREFIX_CACHING_HASH_ALGOS = ("builtin", "sha256")   # vLLM: CacheConfig.prefix_caching_hash_algo
+PREFIX_CACHING_HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")  # vLLM: vllm/config/cache.py
 
 # Default KV budget when num_gpu_blocks_override is None: enough blocks for every sequence slot at
 # full length, capped so a big max_model_len on a laptop does not allocate gigabytes up front.
@@ -41,13 +42,13 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = False
-    prefix_caching_hash_algo: str = "builtin"    # "builtin" (Python's hash) or "sha256"
+    prefix_caching_hash_algo: str = "sha256"     # vLLM's default; the *_cbor / xxhash ones need cbor2 / xxhash
     scheduling_policy: str = "fcfs"
     num_gpu_blocks_override: int | None = None
     # KV-cache budget (mini/engine/startup.py `determine_num_kv_blocks`): bytes for the KV cache, or on CUDA
     # the fraction of the GPU's memory the engine may use (weights + activations + KV), as vLLM's.
     kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92     # vLLM v0.33.0 CacheConfig default
     skip_tokenizer_init: bool = False
     attention_backend: str | None = None
     # CUDA graphs for decode steps (mini/worker/cuda_graph.py; vllm/config/compilation.py): captured at start-up
@@ -55,6 +56,9 @@ class EngineConfig:
     # (powers of two below `max_cudagraph_capture_size`, plus it; None: min(max_num_seqs, 512)). CPU runs eager.
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = None
+    # torch.compile of the model's forward (mini/compilation.py): an int mode or {"mode": N}, as vLLM's
+    # compilation_config; None or 0: eager (mini's default), 3: compiled, split at attention.
+    compilation_config: int | dict | None = None
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
@@ -114,6 +118,7 @@ class EngineConfig:
                 f"max_cudagraph_capture_size must be None or an int in [1, max_num_seqs={self.max_num_seqs}] "
                 f"(a decode batch never holds more than max_num_seqs requests), got {self.max_cudagraph_capture_size!r}"
             )
+        parse_compilation_mode(self.compilation_config)   # a bad value raises ValueError naming the modes
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.seed, int):
@@ -128,6 +133,10 @@ class EngineConfig:
                     "with enable_chunked_prefill=False, max_num_batched_tokens "
                     f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
                 )
+
+    @property
+    def compilation_mode(self) -> CompilationMode:
+        return parse_compilation_mode(self.compilation_config)
 
     @staticmethod
     def _check_positive_int(name: str, value: object) -> None:

@@ -1,7 +1,8 @@
 """Load a Hugging Face tokenizer from a local folder, offline.
 
-Mirrors vllm/transformers_utils/tokenizer.py (`get_tokenizer`): vLLM wraps `AutoTokenizer.from_pretrained`
-with caching and mode switches; mini needs only the local, offline load.
+Mirrors `get_tokenizer` in vllm/tokenizers/registry.py (older releases: `transformers_utils/tokenizer.py`):
+vLLM wraps `AutoTokenizer.from_pretrained` (vllm/tokenizers/hf.py) with caching and mode switches; mini needs
+only the local, offline load.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_manager import KVCacheManager
-from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, hash_block_tokens
+from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, hash_block_tokens, sha256
 from mini.core.request import Request, RequestStatus
 from mini.sampling_params import SamplingParams
 
@@ -75,24 +75,43 @@ def test_fresh_pool_hands_out_1_2_3_and_never_the_null_block():
     assert pool.get_num_free_blocks() == 0 and pool.get_usage() == 1.0
     with pytest.raises(ValueError, match="num_blocks"):
         pool.get_new_blocks(1)
-    with pytest.raises(ValueError, match="null block"):
-        pool.free_blocks([pool.null_block])
+    pool.free_blocks([pool.null_block])   # skipped, as vLLM's free_blocks: its ref_cnt is not kept
+    assert pool.get_num_free_blocks() == 0 and not pool.null_block.ref_cnt
+    pool.touch([pool.null_block])         # skipped too (vLLM's touch checks is_null first)
+    assert pool.null_block.ref_cnt == 0 and pool.get_num_free_blocks() == 0
 
 
-def test_pool_ref_counts_free_to_tail_and_double_free():
+def test_pool_ref_counts_free_to_head_without_caching_and_double_free():
     pool = BlockPool(num_gpu_blocks=5)
     b1, b2, b3 = pool.get_new_blocks(3)
     pool.touch([b2])  # shared by a second owner
     assert b2.ref_cnt == 2
     pool.free_blocks([b3, b2, b1])
     assert b2.ref_cnt == 1 and b1.ref_cnt == 0 and b3.ref_cnt == 0
-    assert free_ids(pool.free_block_queue) == [4, 3, 1]
+    # vLLM v0.33.0: with caching off every freed block goes to the HEAD, in the given order (reused first).
+    assert free_ids(pool.free_block_queue) == [3, 1, 4]
     pool.free_blocks([b2])
-    assert free_ids(pool.free_block_queue) == [4, 3, 1, 2]
+    assert free_ids(pool.free_block_queue) == [2, 3, 1, 4]
     with pytest.raises(ValueError, match="double free"):
         pool.free_blocks([b2])
-    # LRU: the next allocation takes the least recently freed block first.
-    assert [b.block_id for b in pool.get_new_blocks(2)] == [4, 3]
+    # Without caching the most recently freed block is handed out first (LIFO, vLLM's "GPU locality").
+    assert [b.block_id for b in pool.get_new_blocks(2)] == [2, 3]
+
+
+def test_cached_blocks_go_to_the_tail_uncached_to_the_head():
+    """vLLM v0.33.0 BlockPool.free_blocks: a freed block without a hash is reused before any cached block."""
+    manager = KVCacheManager(num_gpu_blocks=8, block_size=2, enable_caching=True)
+    pool = manager.block_pool
+    cached = make_request("cached", [1, 2, 3, 4, 5])       # blocks 1, 2 full (hashed), 3 partial
+    manager.allocate_slots(cached, 5)
+    manager.free(cached)                                   # reversed: 3 (no hash) -> head, 2, 1 -> tail
+    assert free_ids(pool.free_block_queue) == [3, 4, 5, 6, 7, 2, 1]
+    other = make_request("other", [9] * 10)                # needs 5 blocks: the cached prefix survives
+    manager.allocate_slots(other, 10)
+    assert manager.get_block_ids("other") == [3, 4, 5, 6, 7]
+    again = make_request("again", [1, 2, 3, 4, 6])
+    hits, num_hit_tokens = manager.get_computed_blocks(again)
+    assert [b.block_id for b in hits] == [1, 2] and num_hit_tokens == 4
 
 
 def test_pool_rejects_bad_size():
@@ -152,10 +171,10 @@ def test_allocate_grows_only_when_a_block_fills():
 
 # ---------------------------------------------------------------- prefix caching
 def test_hash_is_chained_and_deterministic():
-    first = hash_block_tokens(None, [1, 2, 3, 4])
-    assert first == hash_block_tokens(None, (1, 2, 3, 4))
-    assert hash_block_tokens(first, [5, 6, 7, 8]) != hash_block_tokens(None, [5, 6, 7, 8])
-    assert hash_block_tokens(None, [1, 2, 3, 5]) != first
+    first = hash_block_tokens(sha256, None, [1, 2, 3, 4])
+    assert isinstance(first, bytes) and first == hash_block_tokens(sha256, None, (1, 2, 3, 4))
+    assert hash_block_tokens(sha256, first, [5, 6, 7, 8]) != hash_block_tokens(sha256, None, [5, 6, 7, 8])
+    assert hash_block_tokens(sha256, None, [1, 2, 3, 5]) != first
 
 
 def test_prefix_hit_touch_and_last_token_rule():

@@ -18,13 +18,17 @@ from test_engine_exactness import SETTINGS
 
 from mini import LLM, SamplingParams
 from mini.config import EngineConfig
+from mini.core import kv_cache_utils
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.kv_cache_utils import (
-    NONE_HASH,
+    DEFAULT_NONE_HASH_SEED,
     get_hash_function,
     hash_block_tokens,
     hash_request_tokens,
+    init_none_hash,
+    resolve_none_hash_seed,
     sha256,
+    xxhash,
 )
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.scheduler import Scheduler
@@ -41,6 +45,7 @@ def schedule_new(manager: KVCacheManager, req: Request) -> list[int]:
     """What the scheduler does for a waiting request: look up hits, then allocate the rest."""
     hits, num_hit_tokens = manager.get_computed_blocks(req)
     assert manager.allocate_slots(req, req.num_tokens - num_hit_tokens, num_hit_tokens, hits) is not None
+    manager.record_prefix_cache_stats(req, num_hit_tokens)    # the scheduler counts admitted lookups
     req.num_computed_tokens = req.num_tokens
     return [block.block_id for block in hits]
 
@@ -51,33 +56,64 @@ def free_queue(manager: KVCacheManager) -> list[int]:
 
 # ---------------------------------------------------------------- hashing
 def test_hash_block_tokens_chains_and_uses_none_hash_for_the_first_block():
-    first = hash_block_tokens(None, [1, 2, 3, 4])
-    assert first == hash((NONE_HASH, (1, 2, 3, 4), None))
-    assert first == hash_block_tokens(None, (1, 2, 3, 4))
-    second = hash_block_tokens(first, [5, 6, 7, 8])
-    assert second != hash_block_tokens(None, [5, 6, 7, 8])   # same tokens, other prefix: other hash
-    assert hash_block_tokens(None, [1, 2, 3, 4], ("salt",)) != first
-    assert hash_block_tokens(None, [1, 2, 3, 4], hash_function=sha256) == sha256((NONE_HASH, (1, 2, 3, 4), None))
-    assert get_hash_function("builtin") is hash and get_hash_function("sha256") is sha256
-    with pytest.raises(ValueError, match="prefix_caching_hash_algo"):
-        get_hash_function("md5")
-    with pytest.raises(ValueError, match="prefix_caching_hash_algo"):
-        EngineConfig(prefix_caching_hash_algo="md5")
+    first = hash_block_tokens(sha256, None, [1, 2, 3, 4])
+    assert first == sha256((kv_cache_utils.NONE_HASH, (1, 2, 3, 4), None))
+    assert first == hash_block_tokens(sha256, None, (1, 2, 3, 4))
+    second = hash_block_tokens(sha256, first, [5, 6, 7, 8])
+    assert second != hash_block_tokens(sha256, None, [5, 6, 7, 8])   # same tokens, other prefix: other hash
+    assert hash_block_tokens(sha256, None, [1, 2, 3, 4], (("cache_salt", "s"),)) != first
+    assert get_hash_function("sha256") is sha256 and EngineConfig().prefix_caching_hash_algo == "sha256"
+    for wrong in ("md5", "builtin"):          # vLLM offers sha256, sha256_cbor, xxhash, xxhash_cbor only
+        with pytest.raises(ValueError, match="prefix_caching_hash_algo must be one of"):
+            get_hash_function(wrong)
+        with pytest.raises(ValueError, match="prefix_caching_hash_algo"):
+            EngineConfig(prefix_caching_hash_algo=wrong)
+
+
+@pytest.mark.parametrize("algo", ["sha256_cbor", "xxhash", "xxhash_cbor"])
+def test_optional_hash_algorithms_work_or_name_the_missing_package(algo):
+    try:
+        hash_function = get_hash_function(algo)
+    except ValueError as error:             # offline without cbor2 / xxhash: a clear message
+        assert algo in str(error) and "package" in str(error) and "sha256" in str(error)
+        with pytest.raises(ValueError, match=algo):
+            KVCacheManager(4, 4, enable_caching=True, hash_algo=algo)
+        return
+    assert isinstance(hash_block_tokens(hash_function, None, [1, 2]), bytes)
+
+
+def test_none_hash_is_a_fixed_sha256_seed_unless_pythonhashseed_or_xxhash(monkeypatch):
+    """vLLM v0.33.0 `init_none_hash`: sha256(\"vllm-none-hash\") by default, so processes agree; PYTHONHASHSEED
+    overrides it; the non-cryptographic xxhash gets a random per-process seed."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    try:
+        init_none_hash(sha256)
+        assert kv_cache_utils.NONE_HASH == sha256(DEFAULT_NONE_HASH_SEED) == sha256("vllm-none-hash")
+        first = hash_block_tokens(sha256, None, [1, 2, 3, 4])
+        init_none_hash(sha256)
+        assert hash_block_tokens(sha256, None, [1, 2, 3, 4]) == first         # reproducible
+        assert resolve_none_hash_seed(xxhash) != resolve_none_hash_seed(xxhash)  # random for xxhash
+        monkeypatch.setenv("PYTHONHASHSEED", "42")
+        assert resolve_none_hash_seed(xxhash) == "42"
+        init_none_hash(sha256)
+        assert kv_cache_utils.NONE_HASH == sha256("42")
+    finally:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+        init_none_hash(sha256)
 
 
 def test_only_full_blocks_are_hashed_and_the_salt_changes_the_whole_chain():
     tokens = list(range(55))
     hashes = hash_request_tokens(BLOCK, tokens)
     assert len(hashes) == 3                                   # 55 tokens at block 16: 3 full blocks
-    assert hashes[1] == hash_block_tokens(hashes[0], tokens[16:32])
+    assert hashes[1] == hash_block_tokens(sha256, hashes[0], tokens[16:32])
     salted = hash_request_tokens(BLOCK, tokens, cache_salt="tenant-a")
-    assert salted[0] == hash_block_tokens(None, tokens[:16], ("tenant-a",))
-    assert salted[1] == hash_block_tokens(salted[0], tokens[16:32], None)   # the salt is in block 0 only
+    # vLLM's generate_block_hash_extra_keys: the tagged pair ("cache_salt", salt), in block 0 only.
+    assert salted[0] == hash_block_tokens(sha256, None, tokens[:16], (("cache_salt", "tenant-a"),))
+    assert salted[1] == hash_block_tokens(sha256, salted[0], tokens[16:32], None)
     assert not set(salted) & set(hashes)
     known = hashes[:1]
     assert hash_request_tokens(BLOCK, tokens, known_hashes=known) is known and known == hashes
-    sha = hash_request_tokens(BLOCK, tokens, hash_function=sha256)
-    assert len(sha) == 3 and sha != hashes
 
 
 # ---------------------------------------------------------------- the vLLM scenarios
@@ -98,10 +134,12 @@ def test_prefill_hits_ref_counts_and_free_order():
     assert (stats.requests, stats.queries, stats.hits) == (2, 55 + 53, 48)
 
     manager.free(first)
-    assert free_queue(manager) == [6, 7, 8, 9, 10, 4]         # only its private last block is free
+    # Only its private last block is free; it holds no hash, so it goes to the HEAD (vLLM v0.33.0).
+    assert free_queue(manager) == [4, 6, 7, 8, 9, 10]
     manager.free(second)
-    # Each request returns its blocks last-first, so the shared prefix's head is evicted last.
-    assert free_queue(manager) == [6, 7, 8, 9, 10, 4, 5, 3, 2, 1]
+    # Each request returns its blocks last-first: the unhashed 5 to the head, the cached 3, 2, 1 to the tail,
+    # so the shared prefix's head is evicted last and the empty blocks are reused before any cached one.
+    assert free_queue(manager) == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
     assert len(pool.cached_block_hash_to_block) == 3          # lazy: freed blocks keep their hashes
 
 
@@ -112,10 +150,10 @@ def test_eviction_takes_the_free_queue_head_and_drops_hashes_lazily():
         schedule_new(manager, req)
     manager.free("0")
     manager.free("1")
-    # A 7-block unrelated request takes the head: 6..10, 4, 5 (no hashes there): the prefix survives.
+    # A 7-block unrelated request takes the head: 5, 4, 6..10 (no hashes there): the prefix survives.
     other = request("2", [99] * (7 * BLOCK - 1))
     assert schedule_new(manager, other) == []
-    assert manager.get_block_ids("2") == [6, 7, 8, 9, 10, 4, 5]
+    assert manager.get_block_ids("2") == [5, 4, 6, 7, 8, 9, 10]
     assert free_queue(manager) == [3, 2, 1]
     assert [pool.blocks[i].block_hash is not None for i in (1, 2, 3)] == [True, True, True]
     # The next block popped is 3, the prefix's LAST block: its hash goes, blocks 1 and 2 stay hits.
@@ -300,7 +338,7 @@ workload = st.lists(
 
 
 def check_invariants(manager: KVCacheManager, scheduler: Scheduler, runner: FakeRunner,
-                     prefix_of_hash: dict[int, list[int]]) -> None:
+                     prefix_of_hash: dict[bytes, list[int]]) -> None:
     pool = manager.block_pool
     holders = [0] * pool.num_gpu_blocks
     for request_id in scheduler.requests:
@@ -323,7 +361,7 @@ def check_invariants(manager: KVCacheManager, scheduler: Scheduler, runner: Fake
 @settings(max_examples=int(os.environ.get("MINI_HYPOTHESIS_EXAMPLES", "40")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(specs=workload, block_size=st.sampled_from([2, 4]), spare_blocks=st.integers(0, 5),
-       budget=st.integers(2, 24), hash_algo=st.sampled_from(["builtin", "sha256"]))
+       budget=st.integers(2, 24), hash_algo=st.sampled_from(["sha256"]))
 def test_random_shared_prefix_workloads_keep_the_cache_consistent(specs, block_size, spare_blocks, budget,
                                                                   hash_algo):
     longest = max(len(PREFIXES[p]) + len(tail) + max_tokens for p, tail, _, max_tokens, _, _ in specs)
@@ -336,7 +374,7 @@ def test_random_shared_prefix_workloads_keep_the_cache_consistent(specs, block_s
                 for i, (p, tail, salt, max_tokens, _, _) in enumerate(specs)]
     arrivals = {i: spec[4] for i, spec in enumerate(specs)}
     aborts = {f"r{i}": spec[5] for i, spec in enumerate(specs) if spec[5] is not None}
-    prefix_of_hash: dict[int, list[int]] = {}
+    prefix_of_hash: dict[bytes, list[int]] = {}
     for step in range(400):
         for index, arrival in arrivals.items():
             if arrival == step:

@@ -14,7 +14,8 @@ from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.output import SchedulerOutput
-from mini.core.sched.scheduler import Scheduler
+from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from mini.core.sched.scheduler import Scheduler, num_tokens_to_schedule, select_preemption_victim
 from mini.sampling_params import SamplingParams
 from mini.worker.model_runner_output import ModelRunnerOutput
 
@@ -288,8 +289,10 @@ def test_stop_conditions_eos_min_tokens_stop_ids_and_max_model_len():
     assert got == free_run[:first_eos + 1] and reason == "stop"
     got, reason = finish(make_request("ignore", prompt, max_tokens=12, eos=eos, ignore_eos=True))
     assert got == free_run and reason == "length"
+    # min_tokens does not gate EOS in check_stop (vLLM v0.33.0): the MinTokensLogitsProcessor keeps EOS
+    # from being sampled; this fake runner has no sampler, so its EOS ends the request
     got, reason = finish(make_request("min", prompt, max_tokens=12, eos=eos, min_tokens=first_eos + 2))
-    assert len(got) > first_eos + 1
+    assert got == free_run[:first_eos + 1] and reason == "stop"
     got, reason = finish(make_request("stopid", prompt, max_tokens=12, stop_token_ids=[eos]))
     assert got == free_run[:first_eos + 1] and reason == "stop"
     got, reason = finish(make_request("short", prompt, max_tokens=12), max_model_len=7)
@@ -366,47 +369,118 @@ def test_any_schedule_gives_the_unconstrained_tokens(specs, block_size, spare_bl
         assert all(not out.partial_prefill_req_ids for out in outputs)
 
 
+def _lone_then_priority(prompt_len: int, with_companion: bool = False) -> tuple[Scheduler, list[Request]]:
+    """Block size 4, 9 blocks, budget 16, threshold 8, priority policy, caching on: a priority-2 request of
+    `prompt_len` tokens, and an 8-token priority-0 one arriving a step later (labs/checks/p05.py has the same
+    workloads). `with_companion`: a one-token priority-1 request at step 0, so the first is never alone."""
+    scheduler = make_scheduler(num_gpu_blocks=9, block_size=4, enable_caching=True, max_num_batched_tokens=16,
+                               long_prefill_token_threshold=8, scheduling_policy="priority", max_num_seqs=3)
+    requests = [make_request("low", [1 + j % 30 for j in range(prompt_len)], max_tokens=4, priority=2,
+                             arrival_time=0.0),
+                make_request("high", [31 + j for j in range(8)], max_tokens=4, priority=0, arrival_time=1.0)]
+    if with_companion:
+        requests.append(make_request("one", [50], max_tokens=1, priority=1, arrival_time=0.0))
+    return scheduler, requests
+
+
+def _step_through(scheduler: Scheduler, requests: list[Request], num_steps: int) -> list[SchedulerOutput]:
+    runner = FakeRunner(scheduler.kv_cache_manager.block_pool.num_gpu_blocks, scheduler.kv_cache_manager.block_size)
+    outputs = []
+    for step in range(num_steps):
+        for request in requests:
+            if int(request.arrival_time) == step:
+                scheduler.add_request(request)
+        outputs.append(scheduler.schedule())
+        scheduler.update_from_output(outputs[-1], runner.execute(outputs[-1]))
+    return outputs
+
+
+def test_a_lone_request_is_not_capped_by_long_prefill_token_threshold():
+    """vLLM: the threshold exists so one prefill does not starve others; alone, a request uses the budget."""
+    scheduler, requests = _lone_then_priority(24)
+    outputs = _step_through(scheduler, requests, 2)
+    assert outputs[0].num_scheduled_tokens == {"low": 16}              # alone: the whole budget
+    assert outputs[1].num_scheduled_tokens == {"low": 8, "high": 8}    # two requests: the threshold caps both
+    assert scheduler.long_prefill_token_threshold_for_step() == 8
+
+
+def test_priority_self_preemption_lets_the_running_pass_go_on():
+    """vLLM `continue`s after a priority-policy request preempts itself: the more important requests after
+    it in `running` are still scheduled in that step (the blocks it freed may be just what they need)."""
+    scheduler, requests = _lone_then_priority(24)
+    outputs = _step_through(scheduler, requests, 3)
+    # Step 2: "low" (24 tokens computed, 6 blocks) needs a 7th block for its decode; the pool is full and it
+    # is the worst request, so it preempts itself; "high" still decodes, in the block "low" gave back.
+    assert outputs[2].preempted_req_ids == {"low"} and outputs[2].num_scheduled_tokens == {"high": 1}
+    tokens, reasons, _ = run_to_completion(*_lone_then_priority(24))
+    ref_tokens, _, _ = run_to_completion(make_scheduler(64, 4), _lone_then_priority(24)[1])
+    assert tokens == ref_tokens and set(reasons.values()) == {"length"}
+
+
 def test_priority_preemption_after_scheduling_uncaches_unwritten_blocks():
-    """A worse-priority request scheduled earlier in the same step can be preempted: the blocks it
-    just got were cached at allocation but never written, so they must not become prefix hits."""
-    def build() -> tuple[Scheduler, list[Request]]:
-        scheduler = make_scheduler(num_gpu_blocks=8, block_size=2, enable_caching=True, max_num_batched_tokens=8,
-                                   long_prefill_token_threshold=4, scheduling_policy="priority")
-        slow = make_request("slow", list(range(1, 13)), max_tokens=2, priority=5, arrival_time=0.0)
-        fast = make_request("fast", [20, 21], max_tokens=5, priority=0, arrival_time=1.0)
-        return scheduler, [slow, fast]
-
-    scheduler, (slow, fast) = build()
-    runner = FakeRunner(8, 2)
-    scheduler.add_request(slow)
-    for step in range(3):
-        if step == 1:
-            scheduler.add_request(fast)
-        out = scheduler.schedule()
-        if step < 2:
-            scheduler.update_from_output(out, runner.execute(out))
-    # Step 3: "slow" got blocks 6 and 7 for tokens 8..11, then "fast" needed a block: "slow" is preempted.
-    assert out.preempted_req_ids == {"slow"} and out.num_scheduled_tokens == {"fast": 1}
+    """A worse-priority request scheduled earlier in the same step can be preempted: the blocks it just got
+    were cached at allocation but never written, so they must not become prefix hits (mini's own rule:
+    vLLM v0.33.0 frees them with their hashes)."""
+    scheduler, requests = _lone_then_priority(24, with_companion=True)
+    outputs = _step_through(scheduler, requests, 3)
+    # Step 2: "low" got blocks for its last 8 prompt tokens, then "high" needed a block: "low" is undone.
+    assert outputs[2].preempted_req_ids == {"low"} and outputs[2].num_scheduled_tokens == {"high": 1}
     pool = scheduler.kv_cache_manager.block_pool
-    assert pool.blocks[6].ref_cnt == 0 and pool.blocks[6].block_hash is None
-    # Still cached: slow's 4 computed blocks and fast's full prompt block, all written.
-    assert sorted(b.block_id for b in pool.cached_block_hash_to_block.values()) == [1, 2, 3, 4, 5]
-    scheduler.update_from_output(out, runner.execute(out))
+    # Cached: low's two written chunks (4 blocks) and high's prompt (2 blocks); not the unwritten ones.
+    assert len(pool.cached_blocks()) == 6
+    tokens, reasons, _ = run_to_completion(*_lone_then_priority(24, with_companion=True))
+    ref_tokens, _, _ = run_to_completion(make_scheduler(64, 4), _lone_then_priority(24, with_companion=True)[1])
+    assert tokens == ref_tokens and set(reasons.values()) == {"length"}
 
-    scheduler, requests = build()
-    tokens, reasons, _ = run_to_completion(scheduler, requests)
-    ref_tokens, _, _ = run_to_completion(make_scheduler(64, 2), build()[1])
-    assert tokens == ref_tokens and reasons == {"slow": "length", "fast": "length"}
+
+def test_without_uncaching_the_undone_victim_reads_unwritten_kv():
+    """The same workload with `uncache_uncomputed_blocks` disabled: "low" comes back, hits its own block
+    that was cached at allocation but never written, and the runner reads KV that is not there."""
+    scheduler, requests = _lone_then_priority(24, with_companion=True)
+    scheduler.kv_cache_manager.uncache_uncomputed_blocks = lambda request: None
+    with pytest.raises(AssertionError, match="KV read back"):
+        run_to_completion(scheduler, requests)
+
+
+def test_priority_victim_tie_is_the_first_in_running():
+    """vLLM: `max(running, key=(priority, arrival_time))` keeps the first of equal requests."""
+    running = [make_request(name, [1], priority=priority, arrival_time=arrival)
+               for name, priority, arrival in [("a", 1, 0.0), ("b", 1, 0.0), ("c", 0, 5.0)]]
+    assert select_preemption_victim(running, SchedulingPolicy.PRIORITY).request_id == "a"
+    assert select_preemption_victim(running, SchedulingPolicy.FCFS).request_id == "c"
+
+
+def test_priority_queue_ties_go_by_request_id():
+    """vLLM's `Request.__lt__`: priority, then arrival_time, then request_id; a preempted request goes back
+    into the heap like any other (no front in a priority queue)."""
+    queue = create_request_queue(SchedulingPolicy.PRIORITY)
+    for name in ["r2", "r1", "r3"]:
+        queue.add_request(make_request(name, [1], priority=0, arrival_time=1.0))
+    queue.prepend_request(make_request("r9", [1], priority=0, arrival_time=1.0))
+    queue.add_request(make_request("r5", [1], priority=0, arrival_time=0.5))
+    assert [r.request_id for r in queue] == ["r5", "r1", "r2", "r3", "r9"]
+
+
+def test_length_cap_keeps_a_position_for_the_sampled_token():
+    """vLLM schedules at most max_model_len - num_computed_tokens - 1 tokens (the token sampled after the
+    step needs a position too) and refuses a prompt of max_model_len tokens."""
+    assert num_tokens_to_schedule(64, 62, 16, 0, 63) == 0
+    assert num_tokens_to_schedule(64, 60, 16, 0, 63) == 2
+    scheduler = make_scheduler(max_model_len=8)
+    with pytest.raises(ValueError, match="at most 7 fit"):
+        scheduler.add_request(make_request("full", list(range(1, 9))))
+    tokens, reasons, _ = run_to_completion(scheduler, [make_request("fits", list(range(1, 8)), max_tokens=5)])
+    assert len(tokens["fits"]) == 1 and reasons["fits"] == "length"   # 7 + 1 = max_model_len
 
 
 def test_add_request_rejects_what_can_never_fit():
     scheduler = make_scheduler(num_gpu_blocks=4, block_size=4, max_model_len=20)
     with pytest.raises(ValueError, match="prompt_token_ids"):
-        scheduler.add_request(make_request("pool", list(range(13))))     # pool holds 3 x 4 = 12 tokens
+        scheduler.add_request(make_request("pool", list(range(12))))     # pool holds 3 x 4 = 12 tokens
     roomy = make_scheduler(num_gpu_blocks=64, block_size=4, max_model_len=8)
     with pytest.raises(ValueError, match="max_model_len=8"):
         roomy.add_request(make_request("long", list(range(9))))
-    scheduler.add_request(make_request("ok", list(range(12))))
+    scheduler.add_request(make_request("ok", list(range(11))))      # and one for the token it samples
     with pytest.raises(ValueError, match="already"):
         scheduler.add_request(make_request("ok", [1]))
     assert scheduler.get_num_unfinished_requests() == 1

@@ -145,3 +145,47 @@ def test_any_acceptance_pattern_gives_the_same_tokens_and_frees_every_block(
     if right_draft_rate == 0.0:
         # A wrong draft can still be right by chance only if the wrong token equals the right one: never here.
         assert stats.num_accepted_tokens == 0
+
+
+def _spec_scheduler(**overrides):
+    return make_scheduler(64, 4, max_num_batched_tokens=overrides.pop("budget", 64), max_num_seqs=4,
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 2}, **overrides)
+
+
+def _runner_output(out: SchedulerOutput, sampled: list[list[int]], drafts: list[list[int]]) -> ModelRunnerOutput:
+    req_ids = list(out.num_scheduled_tokens)
+    return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled, spec_token_ids=drafts)
+
+
+def test_a_step_that_returned_no_token_records_no_draft_and_rolls_nothing_back():
+    """vLLM's `update_from_output` verifies drafts only when the step generated tokens: a row that came back
+    empty (nothing sampled) must not record a draft with -1 accepted tokens nor move num_computed_tokens."""
+    from tests.test_core_scheduler import make_request
+
+    scheduler = _spec_scheduler()
+    scheduler.add_request(make_request("r", [1, 2, 3, 4, 5], max_tokens=8))
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, _runner_output(out, [[6]], [[7, 8]]))
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens == {"r": [7, 8]} and out.num_scheduled_tokens == {"r": 3}
+    request = scheduler.requests["r"]
+    computed = request.num_computed_tokens
+    outputs = scheduler.update_from_output(out, _runner_output(out, [[]], [[]]))
+    assert outputs == [] and request.num_computed_tokens == computed
+    stats = scheduler.make_stats().spec_decoding_stats
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (0, 0, 0)
+
+
+def test_drafts_returned_for_a_mid_prefill_row_are_dropped_by_the_scheduler():
+    """vLLM's `update_draft_token_ids` ignores drafts for a request that is still a prefill chunk; mini's
+    scheduler does too, whatever the drafter returned for that row."""
+    from tests.test_core_scheduler import make_request
+
+    scheduler = _spec_scheduler(budget=4)
+    scheduler.add_request(make_request("r", list(range(1, 11)), max_tokens=8))
+    out = scheduler.schedule()
+    assert out.partial_prefill_req_ids == {"r"}
+    scheduler.update_from_output(out, _runner_output(out, [[]], [[7, 8]]))
+    assert scheduler.requests["r"].spec_token_ids == []
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens == {} and out.num_scheduled_tokens == {"r": 4}

@@ -31,8 +31,11 @@ def _mutant(assignment_id: str, name: str, original: str, mutated: str) -> Any:
 
 MUTANTS = [
     pytest.param("06_engine_loop", "check_stop", p06.check_check_stop,
-                 "request.num_output_tokens >= (params.min_tokens or 0)",
-                 "request.num_output_tokens > (params.min_tokens or 0)", id="check_stop-min_tokens->"),
+                 "if request.num_tokens >= max_model_len or (",
+                 "if request.num_tokens > max_model_len or (", id="check_stop-max_model_len->"),
+    pytest.param("06_engine_loop", "check_stop_strings", p06.check_check_stop_strings,
+                 "index + len(stop_str) < best[0]", "index + len(stop_str) <= best[0]",
+                 id="check_stop_strings-tie-goes-to-the-later"),
     pytest.param("09_logits_processors", "MinTokensLogitsProcessor", p09.check_min_tokens_processor,
                  "if len(output_ids) >= m]", "if len(output_ids) > m]", id="min_tokens_processor->"),
     pytest.param("08_sampler", "apply_top_k_top_p", p08.check_apply_top_k_top_p,

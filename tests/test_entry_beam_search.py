@@ -1,19 +1,18 @@
-"""`LLM.beam_search` as vLLM v1's (vllm/entrypoints/llm.py, vllm/beam_search.py), against transformers.
+"""`LLM.beam_search` as vLLM v1's (vllm/entrypoints/generate/beam_search/), against transformers.
 
 Where mini (= vLLM) and transformers' `generate(num_beams=W)` agree, and where they do not:
 
 - Live beams: both keep the best W non-EOS continuations by cumulative logprob. vLLM takes each beam's top
   2W tokens, transformers the top 2W over all beams; the best W non-EOS ones are the same. (vLLM ranks live
   beams by the length-penalised score, but they all have the same length, so the order is the same.)
-- Score: vLLM divides the cumulative logprob by `seq_len ** length_penalty` with `seq_len` = prompt +
-  generated tokens, minus a final EOS; transformers divides by the number of GENERATED tokens, EOS
-  included. Same order whenever the compared sequences have the same length.
+- Score: both divide the cumulative logprob by `num_generated ** length_penalty`, a final EOS counted (vLLM
+  v0.33.0's `get_beam_search_score`; older vLLM releases counted the prompt too and dropped the EOS).
 - EOS: vLLM completes every candidate ending in EOS from each beam's 2W, and always runs `max_tokens`
   steps; transformers completes an EOS candidate only if it is among the global top W, and stops early by
   its `early_stopping` heuristics. So the results can differ once EOS is reachable.
 
 Hence: with no EOS (the tiny model has none) both return the same W sequences in the same order, for any
-`length_penalty` and `early_stopping`, and `cum_logprob == transformers' score * num_generated ** lp`.
+`length_penalty` and `early_stopping`, with transformers' scores.
 With EOS, mini is checked against a direct implementation of vLLM's algorithm on transformers' logits.
 """
 
@@ -72,9 +71,8 @@ def test_same_beams_and_scores_as_transformers_without_eos(llm, hf_model, beam_w
         for seq, hf_score in zip(output.sequences, hf_scores):
             assert seq.finish_reason == "length" and seq.text is None and len(seq.logprobs) == MAX_TOKENS
             assert seq.cum_logprob == pytest.approx(hf_score * MAX_TOKENS**length_penalty, abs=1e-4)
-            total = len(prompt) + MAX_TOKENS     # vLLM's length counts the prompt
-            assert get_beam_search_score(seq.tokens, seq.cum_logprob, None, length_penalty) == pytest.approx(
-                hf_score * MAX_TOKENS**length_penalty / total**length_penalty, abs=1e-4)
+            assert get_beam_search_score(len(seq.logprobs), seq.cum_logprob, length_penalty) == pytest.approx(
+                hf_score, abs=1e-4)             # v0.33.0's score is transformers' score
 
 
 def vllm_beam_search_reference(model, prompt, beam_width, max_tokens, eos, length_penalty):
@@ -82,7 +80,7 @@ def vllm_beam_search_reference(model, prompt, beam_width, max_tokens, eos, lengt
 
     def score(item):
         tokens, cum = item
-        return cum / ((len(tokens) - (tokens[-1] == eos)) ** length_penalty)
+        return cum / (max(len(tokens) - len(prompt), 1) ** length_penalty)   # generated tokens, EOS included
 
     beams, completed = [(list(prompt), 0.0)], []
     for _ in range(max_tokens):
@@ -107,14 +105,16 @@ def test_eos_beams_complete_as_vllm(tiny_llama_dir, hf_model, tmp_path):
     (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
     eos_llm = LLM(model=str(model_dir), skip_tokenizer_init=True, block_size=BLOCK_SIZE, enable_prefix_caching=True)
 
-    for length_penalty in (1.0, 0.5):
+    for length_penalty in (1.0, 0.5, 0.0):
         params = BeamSearchParams(beam_width=3, max_tokens=MAX_TOKENS, length_penalty=length_penalty)
         [output] = eos_llm.beam_search([{"prompt_token_ids": prompt}], params)
         expected = vllm_beam_search_reference(hf_model, prompt, 3, MAX_TOKENS, eos, length_penalty)
         assert [seq.tokens for seq in output.sequences] == [tokens for tokens, _ in expected]
         assert [seq.cum_logprob for seq in output.sequences] == pytest.approx([c for _, c in expected], abs=1e-4)
         stopped = [seq for seq in output.sequences if seq.finish_reason == "stop"]
-        assert stopped and all(seq.tokens[-1] == eos for seq in stopped)
+        assert all(seq.tokens[-1] == eos for seq in stopped)
+        if length_penalty == 0.0:                      # ranked by cum_logprob: the one-token EOS beam is among them
+            assert stopped
         assert all(seq.tokens[-1] != eos for seq in output.sequences if seq.finish_reason == "length")
 
     [ignored] = eos_llm.beam_search([{"prompt_token_ids": prompt}],
@@ -158,10 +158,10 @@ def test_cache_salt_travels_with_every_step(llm):
 
 
 def test_score_as_vllm():
-    assert get_beam_search_score([1, 2, 3, 4], -2.0, eos_token_id=None) == -0.5
-    assert get_beam_search_score([1, 2, 3, 0], -2.0, eos_token_id=0) == pytest.approx(-2.0 / 3)  # EOS not counted
-    assert get_beam_search_score([1, 2, 3, 4], -2.0, eos_token_id=None, length_penalty=0.0) == -2.0
-    assert get_beam_search_score([1, 2, 3, 4], -2.0, eos_token_id=None, length_penalty=2.0) == -2.0 / 16
+    assert get_beam_search_score(4, -2.0) == -0.5                    # 4 generated tokens (a final EOS counts)
+    assert get_beam_search_score(0, -2.0) == -2.0                    # an aborted beam: no division by zero
+    assert get_beam_search_score(4, -2.0, length_penalty=0.0) == -2.0
+    assert get_beam_search_score(4, -2.0, length_penalty=2.0) == -2.0 / 16
 
 
 def test_text_with_a_tokenizer_and_the_eos_text():

@@ -177,7 +177,8 @@ def test_stop_token_text_hidden_unless_included(tokenizer):
 def test_stop_strings(tokenizer, chunk, text, stop, include, expected_text):
     ids = tokenizer.encode(text)
     detok, stop_string = run(tokenizer, ids, chunk=chunk, stop=stop, include_stop_str_in_output=include)
-    expected_stop = min(stop, key=lambda s: (text.find(s) if s in text else len(text)))
+    # the stop string that ends earliest wins (vLLM v0.33.0), whatever the chunking
+    expected_stop = min(stop, key=lambda s: (text.find(s) + len(s) if s in text else len(text) + 1))
     assert stop_string == expected_stop
     assert detok.get_next_output_text(finished=True, delta=False) == expected_text
     # Further tokens after the stop do not change anything.
@@ -229,6 +230,36 @@ def test_check_stop_strings_unit():
     assert check_stop_strings("hello world", 5, ["world"], True) == ("world", -1)
     assert check_stop_strings("hello world!", 6, ["world"], True) == ("world", 11)
     assert check_stop_strings("xx ab cd", 8, ["cd", "ab"], False) == ("ab", 3)     # earliest match wins
+
+
+@pytest.mark.parametrize(("text", "new", "stop", "include", "expected"), [
+    ("abcd", 4, ["abcd", "bc"], False, ("bc", 1)),      # "bc" ends first although "abcd" starts first
+    ("abcd", 4, ["abcd", "bc"], True, ("bc", 3)),
+    ("xabc", 4, ["abc", "bc"], False, ("abc", 1)),      # both end at 4: the first in the list wins
+    ("xabc", 4, ["bc", "abc"], False, ("bc", 2)),
+    ("xabc", 4, ["bc", "abc"], True, ("bc", -1)),
+    ("ab\n\nc", 3, ["c", "\n\n"], False, ("\n\n", 2)),  # straddling match ending before a later one
+])
+def test_check_stop_strings_earliest_end_wins_as_vllm(text, new, stop, include, expected):
+    assert check_stop_strings(text, new, stop, include) == expected
+
+
+def test_tokens_after_the_stop_string_are_dropped(tokenizer):
+    ids = tokenizer.encode("The quick brown fox jumps")
+    texts = [tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)]
+    completes = next(i for i, t in enumerate(texts) if "quick" in t)
+    assert completes < len(ids)
+    for include in (False, True):
+        detok, stop_string = run(tokenizer, ids, chunk=len(ids), stop=["quick"], include_stop_str_in_output=include)
+        assert stop_string == "quick"
+        assert detok.output_token_ids == ids[:completes]   # one update with every token (spec decode)
+        assert detok.get_next_output_text(True, False) == ("The quick" if include else "The ")
+
+
+def test_stop_strings_checked_when_the_core_stopped_too(tokenizer):
+    ids = tokenizer.encode("Hello world") + [tokenizer.eos_token_id]
+    detok, stop_string = run(tokenizer, ids, chunk=len(ids), stop_terminated=True, stop=["world"])
+    assert stop_string == "world" and detok.get_next_output_text(True, False) == "Hello "
 
 
 def test_detokenize_incrementally_holds_incomplete_characters(tokenizer):

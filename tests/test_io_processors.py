@@ -200,6 +200,18 @@ def test_stop_string_finishes_and_asks_for_abort(processor, tokenizer):
     assert not output_processor.has_unfinished_requests()
 
 
+def test_stop_string_drops_the_tokens_after_it_with_their_logprobs(processor, tokenizer):
+    output_processor, _ = start(processor, tokenizer, stop=["quick"], max_tokens=10, logprobs=0)
+    ids = tokenizer.encode(" The quick brown fox")
+    completes = next(i for i in range(len(ids) + 1) if "quick" in tokenizer.decode(ids[:i]))
+    assert completes < len(ids)
+    logprobs = [{token_id: -1.0} for token_id in ids]
+    outputs, to_abort = output_processor.process_outputs([out("r", ids, logprobs=logprobs)])
+    completion = outputs[0].outputs[0]
+    assert to_abort == ["r"] and completion.stop_reason == "quick"
+    assert completion.token_ids == ids[:completes] and len(completion.logprobs) == completes
+
+
 def test_delta_outputs_concatenate(processor, tokenizer):
     output_processor, _ = start(processor, tokenizer, output_kind=DELTA, max_tokens=50)
     ids = tokenizer.encode(" café 😀 日本語")

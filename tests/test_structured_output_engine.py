@@ -1,7 +1,7 @@
 """Structured output in the engine: the shipped model, sampling on, every output in its language.
 
-Also: WAITING_FOR_FSM while the grammar compiles, a mixed constrained/unconstrained batch with chunked
-prefill and preemption, dead ends, abort, and bad inputs refused at add_request with nothing changed.
+Also: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR while the grammar compiles, a mixed constrained/unconstrained
+batch with chunked prefill and preemption, dead ends, abort, and bad inputs refused at add_request with nothing changed.
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ def test_grammar_compiles_off_the_step_loop_and_the_request_waits_for_fsm(llm):
         engine.add_request("fsm", "Hi", constrained(0, regex="[a-c]{2}"))
         engine.add_request("free", "Hi", SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
         request = engine.scheduler.requests["fsm"]
-        assert request.status == RequestStatus.WAITING_FOR_FSM
+        assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         engine.step()
         assert set(engine.last_scheduler_output.num_scheduled_tokens) == {"free"}  # skipped, not blocking
-        assert request.status == RequestStatus.WAITING_FOR_FSM
+        assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         release.set()
         outputs = {}
         while engine.has_unfinished_requests():
@@ -159,7 +159,7 @@ def test_dead_end_finishes_with_a_clear_reason(llm):
     finally:
         backend._trie, backend._cache = trie, {}
     assert out.text == "a"
-    assert out.finish_reason == "grammar_dead_end"
+    assert out.finish_reason == "error"
     assert "no token can continue" in str(out.stop_reason)
 
 
@@ -178,7 +178,7 @@ def test_failed_compile_finishes_the_request_not_the_engine(llm):
                             use_tqdm=False)
     finally:
         backend.compile_grammar = original
-    assert outs[0].outputs[0].finish_reason == "grammar_dead_end" and outs[0].outputs[0].token_ids == []
+    assert outs[0].outputs[0].finish_reason == "error" and outs[0].outputs[0].token_ids == []
     assert "too large" in str(outs[0].outputs[0].stop_reason)
     assert len(outs[1].outputs[0].token_ids) == 4
 
@@ -187,7 +187,7 @@ def test_abort_a_waiting_and_a_running_constrained_request(llm):
     engine = llm.llm_engine
     engine.add_request("a", "Hi", constrained(0, max_tokens=50, regex="[a-z]{40}"))
     engine.add_request("b", "Hi", constrained(1, max_tokens=50, choice=CHOICES))
-    engine.abort_request(["b"])  # still WAITING_FOR_FSM or WAITING
+    engine.abort_request(["b"])  # still WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR or WAITING
     for _ in range(3):
         engine.step()
     engine.abort_request(["a"])

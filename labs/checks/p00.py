@@ -7,6 +7,11 @@
 The two loops are checked on a tiny random Llama (built from a config, never downloaded), both for
 their tokens and for what they feed the model at each call: the whole sequence every time without a
 cache; the prompt once, then one token per call with a cache.
+
+vLLM counterparts: `kv_bytes_per_block` is `AttentionSpec.page_size_bytes` (vllm/v1/kv_cache_interface.py)
+summed over the layers, with the head size and KV heads of vllm/transformers_utils/model_arch_config_convertor.py;
+that code passes this check (tests/test_course_vllm_answers_p00.py). The two loops have no vLLM counterpart
+(vLLM never runs a loop without its paged cache).
 """
 
 from __future__ import annotations
@@ -98,6 +103,33 @@ def _kv_cases(seeds: Iterable[int]) -> list[tuple[dict[str, Any], dict[str, Any]
     return cases
 
 
+KV_HINT = ("2 (K and V) x layers x block_size x kv heads x head size x bytes per element; "
+           "head size is hf_config.head_dim when set, else hidden_size // num_attention_heads")
+
+
+def _kv_hint(expected: int, got: Any, model_config: Any, block_size: int) -> str:
+    """Name the factor that is off (K and V, KV heads, head size, block size), then the rule."""
+    if not isinstance(got, (int, float)) or not got:
+        return KV_HINT
+    heads = model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(model_config, "head_dim", None)
+    default_head = model_config.hidden_size // heads
+    slips = [
+        (expected / 2, "half the bytes: a block stores a key AND a value per token, head and layer (the factor 2)"),
+        (expected * heads / kv_heads if kv_heads != heads else None,
+         "the cache stores the KV heads (num_key_value_heads), not the query heads: grouped-query attention"),
+        (expected * default_head / head_dim if head_dim and head_dim != default_head else None,
+         "the head size is hf_config.head_dim when the config sets it (Qwen3 does), not hidden_size // heads"),
+        (expected / block_size if block_size != 1 else None,
+         "that is one token's bytes: a block holds block_size tokens"),
+    ]
+    for value, hint in slips:
+        if value is not None and got == value:
+            return f"{hint}. {KV_HINT}"
+    return KV_HINT
+
+
 def check_kv_bytes_per_block(kv_bytes_per_block: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = _kv_cases(seeds)
     for engine_fields, model_fields in cases:
@@ -107,14 +139,8 @@ def check_kv_bytes_per_block(kv_bytes_per_block: Callable, seeds: Iterable[int] 
         expected = LLMEngine.kv_bytes_per_block(config, model_config)
         with calling("kv_bytes_per_block", inputs, expected=expected):
             got = kv_bytes_per_block(config, model_config)
-        expect_equal(
-            "kv_bytes_per_block",
-            inputs,
-            expected,
-            got,
-            "2 (K and V) x layers x block_size x kv heads x head size x bytes per element; "
-            "head size is hf_config.head_dim when set, else hidden_size // num_attention_heads",
-        )
+        expect_equal("kv_bytes_per_block", inputs, expected, got,
+                     _kv_hint(expected, got, model_config, engine_fields["block_size"]))
     passed("check_kv_bytes_per_block", len(cases))
 
 
@@ -155,16 +181,19 @@ def _greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> lis
 
 
 class _InputLengthSpy:
-    """Records the number of token ids the model is given at each forward call."""
+    """Records, at each forward call, how many token ids the model is given and whether a cache came with them."""
 
     def __init__(self, model: Any) -> None:
         self.lengths: list[int] = []
+        self.with_cache: list[bool] = []
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module: Any, args: tuple, kwargs: dict) -> None:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         if input_ids is not None:
             self.lengths.append(int(input_ids.shape[-1]))
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            self.with_cache.append(cache is not None)
 
     def remove(self) -> None:
         self._handle.remove()
@@ -179,7 +208,8 @@ def _loop_cases(seeds: Iterable[int]) -> list[tuple[list[int], int]]:
 
 
 def _check_loop(
-    name: str, loop: Callable, seeds: Iterable[int], expected_lengths: Callable, hint: str
+    name: str, loop: Callable, seeds: Iterable[int], expected_lengths: Callable, hint: str,
+    expected_cache: Callable | None = None,
 ) -> int:
     model = tiny_llama()
     cases = _loop_cases(seeds)
@@ -193,19 +223,18 @@ def _check_loop(
         finally:
             spy.remove()
         got = got.tolist() if isinstance(got, torch.Tensor) else got
+        expect_equal(f"{name}: token ids fed to the model at each call", inputs,
+                     expected_lengths(len(prompt), max_new_tokens), spy.lengths, hint)
+        if expected_cache is not None:
+            expect_equal(f"{name}: a cache passed to each call", inputs, expected_cache(max_new_tokens),
+                         spy.with_cache, "every call after the prefill must pass the `cache` the previous call "
+                         "returned: without it the model sees only the newest token")
         expect_equal(
             f"{name} tokens",
             inputs,
             expected,
             got,
-            "return ONLY the new token ids, each the argmax of the last position's logits",
-        )
-        expect_equal(
-            f"{name}: token ids fed to the model at each call",
-            inputs,
-            expected_lengths(len(prompt), max_new_tokens),
-            spy.lengths,
-            hint,
+            "return ONLY the new token ids (a list, not the prompt), each the argmax of the last position's logits",
         )
     return len(cases)
 
@@ -228,6 +257,7 @@ def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterab
         seeds,
         lambda prompt_len, n: [prompt_len] + [1] * (n - 1),
         "prefill the prompt once, then feed ONLY the newest token with the returned `cache` (one call per token)",
+        expected_cache=lambda n: [False] + [True] * (n - 1),
     )
     passed("check_generate_with_kv_cache", num_cases)
 

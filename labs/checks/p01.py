@@ -6,7 +6,15 @@
     check_allocate_slots(allocate_slots)            vs KVCacheManager.allocate_slots
 
 Each check replays the same operations on a reference object and on one using the learner's code,
-and compares the observable state (returned block ids, ref counts, free-queue order) after each.
+and compares the observable state (returned block ids, ref counts, free-queue order) after each. The
+queue check also walks the links (`prev_free_block` / `next_free_block`, the sentinels
+`fake_free_list_head` / `fake_free_list_tail`, vLLM's names) and counts the work each O(1) operation does.
+
+vLLM v0.33.0's own `FreeKVCacheBlockQueue`, `BlockPool.get_new_blocks` and `BlockPool.free_blocks`
+(vllm/v1/core/kv_cache_utils.py, vllm/v1/core/block_pool.py) pass these checks
+(tests/test_course_vllm_answers_p01.py). `allocate_slots` has no vLLM counterpart that runs on its own:
+vLLM's `KVCacheManager.allocate_slots` goes through the KV-cache coordinator and its per-type managers;
+mini's is the full-attention, single-group case of it.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from labs.checks.common import calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_manager import KVCacheManager
-from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, sha256
 from mini.core.request import Request
 from mini.sampling_params import SamplingParams
 
@@ -48,7 +56,7 @@ def _queue_ops(rng: random.Random, num_blocks: int, num_ops: int) -> list[tuple]
         if free:
             choices += ["popleft", "remove", "popleft_n"]
         if len(taken) >= 2:
-            choices.append("append_n")
+            choices += ["append_n", "prepend_n"]
         op = rng.choice(choices)
         if op == "popleft":
             taken.append(free.pop(0))
@@ -70,8 +78,9 @@ def _queue_ops(rng: random.Random, num_blocks: int, num_ops: int) -> list[tuple]
         else:
             count = rng.randint(2, len(taken))
             moved = [taken.pop(rng.randrange(len(taken))) for _ in range(count)]
-            free += moved
-            ops.append(("append_n", moved))
+            free[:0] = moved if op == "prepend_n" else []
+            free += moved if op == "append_n" else []
+            ops.append((op, moved))
     return ops
 
 
@@ -85,11 +94,44 @@ def _apply_queue_op(queue: Any, blocks: list[KVCacheBlock], op: tuple) -> Any:
         return queue.remove(blocks[op[1]])
     if name == "append":
         return queue.append(blocks[op[1]])
+    if name == "prepend_n":
+        return queue.prepend_n([blocks[i] for i in op[1]])
     return queue.append_n([blocks[i] for i in op[1]])
+
+
+def _link_problem(queue: Any, blocks: list[KVCacheBlock]) -> str | None:
+    """What is wrong with the links of `queue` (None when they are a proper doubly linked list)."""
+    head = getattr(queue, "fake_free_list_head", None)
+    tail = getattr(queue, "fake_free_list_tail", None)
+    if not isinstance(head, KVCacheBlock) or not isinstance(tail, KVCacheBlock):
+        return ("no sentinel blocks: the queue must keep a fake head and a fake tail, KVCacheBlock(block_id=-1), "
+                "as self.fake_free_list_head / self.fake_free_list_tail")
+    order, node, seen = [], head.next_free_block, 0
+    while node is not tail:
+        if node is None or seen > len(blocks):
+            return "following next_free_block from fake_free_list_head does not reach fake_free_list_tail"
+        if node.prev_free_block is not (order[-1] if order else head):
+            return f"block {node.block_id}.prev_free_block does not point back to the block before it"
+        order.append(node)
+        node, seen = node.next_free_block, seen + 1
+    if tail.prev_free_block is not (order[-1] if order else head):
+        return "fake_free_list_tail.prev_free_block is not the last free block"
+    linked = {id(block) for block in order}
+    for block in blocks:
+        if id(block) not in linked and (block.prev_free_block is not None or block.next_free_block is not None):
+            return (f"block {block.block_id} is not free but still has a prev_free_block / next_free_block link "
+                    "(reset both to None when a block leaves the queue)")
+    if [b.block_id for b in order] != _ids(queue.get_all_free_blocks()):
+        return "the blocks linked from fake_free_list_head are not the ones get_all_free_blocks returns"
+    return None
 
 
 def _queue_state(queue: Any) -> tuple[int, list[int]]:
     return queue.num_free_blocks, _ids(queue.get_all_free_blocks())
+
+
+_LINKS_HINT = ("every operation keeps the list doubly linked: a free block's prev_free_block and next_free_block "
+               "are its neighbours (a sentinel at either end), and a block that leaves the queue gets None in both")
 
 
 def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
@@ -109,7 +151,7 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
     for op in ops:
         inputs["ops so far"].append(op)
         expected = _apply_queue_op(reference, ref_blocks, op)
-        with calling("FreeKVCacheBlockQueue", inputs, expected=expected):
+        with calling("FreeKVCacheBlockQueue", inputs, expected=expected, hint=_LINKS_HINT):
             got = _apply_queue_op(queue, lab_blocks, op)
         expect_equal(
             f"{op[0]} return value",
@@ -123,8 +165,72 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
             inputs,
             _queue_state(reference),
             _queue_state(queue),
-            "(num_free_blocks, get_all_free_blocks ids head->tail); append goes to the TAIL",
+            "(num_free_blocks, get_all_free_blocks ids head->tail); append goes to the TAIL, "
+            "prepend_n puts its blocks at the HEAD in the given order",
         )
+        expect_equal(f"the links after {op[0]}", inputs, None, _link_problem(queue, lab_blocks),
+                     "a doubly linked list threaded through the blocks: each free block's prev_free_block / "
+                     "next_free_block are its neighbours (the sentinels at the ends), other blocks have None")
+
+
+class _CountingBlock(KVCacheBlock):
+    """A KVCacheBlock that counts every read and write of its links, and every `==` on it."""
+
+    link_uses = 0
+    comparisons = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountingBlock.comparisons += 1
+        return self is other
+
+    __hash__ = object.__hash__
+
+    @property
+    def prev_free_block(self) -> KVCacheBlock | None:
+        _CountingBlock.link_uses += 1
+        return self.__dict__.get("_prev")
+
+    @prev_free_block.setter
+    def prev_free_block(self, value: KVCacheBlock | None) -> None:
+        _CountingBlock.link_uses += 1
+        self.__dict__["_prev"] = value
+
+    @property
+    def next_free_block(self) -> KVCacheBlock | None:
+        _CountingBlock.link_uses += 1
+        return self.__dict__.get("_next")
+
+    @next_free_block.setter
+    def next_free_block(self, value: KVCacheBlock | None) -> None:
+        _CountingBlock.link_uses += 1
+        self.__dict__["_next"] = value
+
+
+_MAX_LINK_USES = 16  # vLLM's remove / popleft / append touch about 6 links
+
+
+def _check_constant_time(queue_class: type) -> None:
+    """remove, popleft and append must not walk or search the queue: count links used and comparisons."""
+    num_blocks = 200
+    blocks = [_CountingBlock(block_id=i) for i in range(num_blocks)]
+    inputs = {"blocks": f"KVCacheBlock 0..{num_blocks - 1}", "ops": []}
+    with calling("FreeKVCacheBlockQueue", inputs):
+        queue = queue_class(blocks)
+    for name, action in (("remove(block 150)", lambda: queue.remove(blocks[150])),
+                         ("remove(block 199)", lambda: queue.remove(blocks[199])),
+                         ("popleft()", queue.popleft),
+                         ("append(block 150)", lambda: queue.append(blocks[150]))):
+        inputs["ops"].append(name)
+        _CountingBlock.link_uses = _CountingBlock.comparisons = 0
+        with calling("FreeKVCacheBlockQueue", inputs):
+            action()
+        work = {"links read or written": _CountingBlock.link_uses, "== comparisons": _CountingBlock.comparisons}
+        expect_equal(f"the work done by {name} in a queue of {num_blocks} blocks", inputs,
+                     f"at most {_MAX_LINK_USES} links and no comparison (O(1))",
+                     work if work["links read or written"] > _MAX_LINK_USES or work["== comparisons"] else
+                     f"at most {_MAX_LINK_USES} links and no comparison (O(1))",
+                     "O(1): unlink through block.prev_free_block / block.next_free_block directly; never "
+                     "search a list (list.remove / index / `in` compare every element) or walk the queue")
 
 
 def check_free_block_queue(queue_class: type, seeds: Iterable[int] = range(20)) -> None:
@@ -135,10 +241,12 @@ def check_free_block_queue(queue_class: type, seeds: Iterable[int] = range(20)) 
         ("popleft_n", 2),
         ("append_n", [3, 1]),
         ("remove", 5),
+        ("prepend_n", [5, 2]),
         ("popleft",),
     ]
     _replay_queue(queue_class, 6, fixed)
-    num_cases = 1
+    _check_constant_time(queue_class)
+    num_cases = 2
     for seed in seeds:
         rng = random.Random(seed)
         num_blocks = rng.randint(1, 3 + seed % 16)  # small cases first; hidden seeds stay small too
@@ -238,26 +346,46 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
     passed("check_get_new_blocks", num_cases)
 
 
+def _free_case(seed: int) -> dict[str, Any]:
+    """A pool state and a free_blocks call: some blocks shared (ref_cnt 2), some cached (a hash)."""
+    rng = random.Random(seed)
+    if seed < 0:  # the fixed case: 5 blocks, 1 and 2 shared, 2 and 3 cached, freed last block first
+        return {"num_gpu_blocks": 8, "enable_caching": True, "count": 5, "shared_at": [0, 1],
+                "cached_at": [1, 2], "order_at": [4, 3, 2, 1, 0]}
+    num_gpu_blocks = rng.randint(3, 14)
+    count = rng.randint(1, num_gpu_blocks - 1)
+    return {"num_gpu_blocks": num_gpu_blocks, "enable_caching": rng.random() < 0.6, "count": count,
+            "shared_at": rng.sample(range(count), rng.randint(0, count)),
+            "cached_at": rng.sample(range(count), rng.randint(0, count)),
+            "order_at": rng.sample(range(count), count)}
+
+
+def _prepare_free_case(pool: BlockPool, case: dict[str, Any]) -> list[int]:
+    """Allocate the case's blocks in `pool` (caching off: fresh pools hand out 1, 2, ...), share and hash some."""
+    block_ids = _ids(pool.get_new_blocks(case["count"]))
+    pool.touch([pool.blocks[block_ids[i]] for i in case["shared_at"]])      # a second owner: ref_cnt 2
+    for i in case["cached_at"]:
+        pool.blocks[block_ids[i]].block_hash = sha256(("block", block_ids[i]))  # a full, cached block
+    return block_ids
+
+
 def check_free_blocks(free_blocks: Callable, seeds: Iterable[int] = range(20)) -> None:
     num_cases = 0
     for seed in [-1, *seeds]:
-        rng = random.Random(seed)
-        num_gpu_blocks = 8 if seed < 0 else rng.randint(3, 14)
-        reference = BlockPool(num_gpu_blocks)
-        pool = _pool_with("free_blocks", free_blocks, num_gpu_blocks)
-        count = 5 if seed < 0 else rng.randint(1, num_gpu_blocks - 1)
-        block_ids = _ids(reference.get_new_blocks(count))
-        pool.get_new_blocks(count)
-        shared = block_ids[:2] if seed < 0 else rng.sample(block_ids, rng.randint(0, len(block_ids)))
-        for target in (reference, pool):  # a second owner: ref_cnt 2 (e.g. a shared prefix)
-            target.touch([target.blocks[i] for i in shared])
-        order = (
-            [block_ids[4], block_ids[2], block_ids[0]] if seed < 0 else rng.sample(block_ids, len(block_ids))
-        )
+        case = _free_case(seed)
+        reference = BlockPool(case["num_gpu_blocks"], enable_caching=case["enable_caching"])
+        pool = BlockPool(case["num_gpu_blocks"], enable_caching=case["enable_caching"])
+        block_ids = _prepare_free_case(reference, case)
+        _prepare_free_case(pool, case)
+        pool.free_blocks = types.MethodType(free_blocks, pool)
+        order = [block_ids[i] for i in case["order_at"]]
         inputs = {
-            "num_gpu_blocks": num_gpu_blocks,
+            "num_gpu_blocks": case["num_gpu_blocks"],
+            "enable_caching": case["enable_caching"],
             "allocated (ref_cnt 1)": block_ids,
-            "shared (ref_cnt 2)": shared,
+            "shared (ref_cnt 2)": [block_ids[i] for i in case["shared_at"]],
+            "cached (block_hash set)": [block_ids[i] for i in case["cached_at"]],
+            "free queue before (head -> tail)": reference.free_block_ids(),
             "free_blocks(ordered_blocks) with ids": order,
         }
         reference.free_blocks([reference.blocks[i] for i in order])
@@ -268,27 +396,38 @@ def check_free_blocks(free_blocks: Callable, seeds: Iterable[int] = range(20)) -
             inputs,
             _pool_state(reference),
             _pool_state(pool),
-            "decrement ref_cnt; only a block reaching 0 joins the TAIL of the free queue, in the given order",
+            "decrement ref_cnt; the blocks reaching 0 go back in the given order: those with no block_hash "
+            "(every one when enable_caching is False) to the HEAD of the free queue, as one group "
+            "(prepend_n), the cached ones to the TAIL (append_n)",
         )
         num_cases += 1
-    pool = _pool_with("free_blocks", free_blocks, 4)
-    _expect_value_error(
-        lambda: pool.free_blocks([pool.null_block]),
-        "freeing the null block",
-        {"ordered_blocks": "[block 0 (the null block)]"},
-        "block 0 is never handed out, so freeing it is a bug: raise ValueError",
-        "free_blocks",
-    )
-    block = pool.get_new_blocks(1)[0]
-    pool.free_blocks([block])
-    _expect_value_error(
-        lambda: pool.free_blocks([block]),
-        "freeing a block twice",
-        {"ordered_blocks": f"[block {block.block_id} (ref_cnt already 0)]"},
-        "a block with ref_cnt 0 is already free: raise ValueError (double free)",
-        "free_blocks",
-    )
+    _check_null_and_double_free(free_blocks)
     passed("check_free_blocks", num_cases + 2)
+
+
+def _check_null_and_double_free(free_blocks: Callable) -> None:
+    """The null block is skipped (vLLM) or refused with ValueError; a double free must not queue a block twice."""
+    pool = _pool_with("free_blocks", free_blocks, 4)
+    for what, blocks, hint in (
+        ("freeing the null block", lambda: [pool.null_block],
+         "block 0 is never handed out and its ref_cnt is not kept: skip it (vLLM) or raise ValueError"),
+        ("freeing a block twice", lambda: [pool.blocks[1]],
+         "a block with ref_cnt 0 is already in the free queue: raise ValueError, never queue it twice"),
+    ):
+        if what == "freeing a block twice":  # block 1 handed out, then freed once (by the reference)
+            BlockPool.free_blocks(pool, pool.get_new_blocks(1))
+        before = _pool_state(pool)
+        inputs = {"ordered_blocks": [f"block {b.block_id} (ref_cnt {b.ref_cnt})" for b in blocks()],
+                  "free queue before": before["free_queue"]}
+        with calling("free_blocks", inputs, hint=hint):
+            try:
+                pool.free_blocks(blocks())
+            except ValueError:
+                pass
+        after = _pool_state(pool)
+        expect_equal(f"the free queue after {what}", inputs, before["free_queue"], after["free_queue"], hint)
+        if what == "freeing the null block":
+            expect_equal("the null block's ref_cnt", inputs, 0, pool.null_block.ref_cnt, hint)
 
 
 # ---------------------------------------------------------------- the KV cache manager
@@ -299,8 +438,45 @@ def _request(request_id: str, num_prompt_tokens: int) -> Request:
 def _manager_state(manager: KVCacheManager, request_ids: list[str]) -> dict[str, Any]:
     return {
         "block_ids": {rid: manager.get_block_ids(rid) for rid in request_ids},
+        "requests in req_to_blocks": sorted(manager.req_to_blocks),
         **_pool_state(manager.block_pool),
     }
+
+
+# The fixed case (block_size 4, 5 usable blocks): ("alloc", request, prompt length, num_new_tokens, hit block ids)
+# or ("free", request). r1 and r3 start with prefix hits (num_new_computed_tokens = 4 per hit block); r2's
+# first allocation is refused; r3's hit sits in the free queue (ref_cnt 0), so it is not a free block for r3.
+_FIXED_ALLOCATIONS: list[tuple] = [
+    ("alloc", "r0", 5, 5, []), ("alloc", "r1", 7, 3, [1]), ("alloc", "r2", 13, 13, []), ("alloc", "r0", 5, 1, []),
+    ("free", "r0"), ("alloc", "r3", 9, 5, [2]), ("alloc", "r2", 13, 13, []), ("alloc", "r1", 7, 1, []),
+]
+
+
+def _random_allocations(rng: random.Random, block_size: int, num_gpu_blocks: int) -> list[tuple]:
+    """Random steps; the first allocation of a request may take some blocks another one holds, or that sit
+    in the free queue, as prefix hits (what `get_computed_blocks` would have found)."""
+    ops, prompts, started, finished = [], {}, set(), set()
+    for step in range(8):
+        live = [rid for rid in prompts if rid not in finished]
+        if live and rng.random() < 0.15:
+            rid = rng.choice(live)
+            ops.append(("free", rid))
+            finished.add(rid)
+            continue
+        if not live or rng.random() < 0.4:
+            rid = f"r{step}"
+            prompts[rid] = rng.randint(1, 3 * block_size)
+            live.append(rid)
+        rid = rng.choice(live)
+        ops.append(("alloc", rid, prompts[rid], None, "maybe hits" if rid not in started else []))
+        started.add(rid)
+    return ops
+
+
+def _hit_candidates(manager: KVCacheManager, request_id: str) -> list[int]:
+    """Blocks a prefix hit could resolve to: another request's blocks, or blocks in the free queue."""
+    held = [i for rid, blocks in manager.req_to_blocks.items() if rid != request_id for i in manager.get_block_ids(rid)]
+    return list(dict.fromkeys(held + manager.block_pool.free_block_ids()))
 
 
 def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(20)) -> None:
@@ -312,52 +488,61 @@ def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(
         reference = KVCacheManager(num_gpu_blocks, block_size)
         manager = KVCacheManager(num_gpu_blocks, block_size)
         manager.allocate_slots = types.MethodType(allocate_slots, manager)
-        num_reqs = 3 if seed < 0 else rng.randint(1, 4)
-        prompt_lens = [5, 7, 3] if seed < 0 else [rng.randint(1, 3 * block_size) for _ in range(num_reqs)]
-        ref_reqs = [_request(f"r{i}", n) for i, n in enumerate(prompt_lens)]
-        lab_reqs = [_request(f"r{i}", n) for i, n in enumerate(prompt_lens)]
-        ids = [r.request_id for r in ref_reqs]
-        inputs: dict[str, Any] = {
-            "block_size": block_size,
-            "num_gpu_blocks": num_gpu_blocks,
-            "prompt_lens": prompt_lens,
-            "calls so far": [],
-        }
-        for _ in range(6):
-            index = rng.randrange(num_reqs)
-            ref_req, lab_req = ref_reqs[index], lab_reqs[index]
-            remaining = ref_req.num_tokens - ref_req.num_computed_tokens  # 1 for a decode step
-            num_new = remaining
-            if remaining > 1 and rng.random() < 0.4:
-                num_new = rng.randint(1, remaining)  # a chunk of a chunked prefill
-            inputs["calls so far"].append(
-                f"allocate_slots({ref_req.request_id}, num_new_tokens={num_new}) "
-                f"with num_computed_tokens={ref_req.num_computed_tokens}"
-            )
-            expected = _ids(reference.allocate_slots(ref_req, num_new))
-            with calling("allocate_slots", inputs, expected=expected):
-                got = _ids(manager.allocate_slots(lab_req, num_new))
-            expect_equal(
-                "allocate_slots return value",
-                inputs,
-                expected,
-                got,
-                "return only the NEW blocks (maybe []), or None when too few blocks are free",
-            )
-            expect_equal(
-                "manager state after allocate_slots",
-                inputs,
-                _manager_state(reference, ids),
-                _manager_state(manager, ids),
-                "blocks must cover num_computed_tokens + num_new_tokens; None changes nothing",
-            )
-            if expected is not None:
-                for req in (ref_req, lab_req):
-                    req.num_computed_tokens += num_new
-                    if req.num_computed_tokens == req.num_tokens:  # all computed: a token is sampled
-                        req.append_output_token_ids(7)
+        ops = _FIXED_ALLOCATIONS if seed < 0 else _random_allocations(rng, block_size, num_gpu_blocks)
+        _replay_allocations(reference, manager, ops, rng, {"block_size": block_size, "num_gpu_blocks": num_gpu_blocks})
         num_cases += 1
     passed("check_allocate_slots", num_cases)
+
+
+_ALLOCATE_HINT = ("decide first, change after: the new blocks needed must fit in the free blocks less the hits "
+                  "that sit in the free queue (ref_cnt 0), which touching them takes out of it")
+
+
+def _replay_allocations(reference: KVCacheManager, manager: KVCacheManager, ops: list[tuple],
+                        rng: random.Random, inputs: dict[str, Any]) -> None:
+    block_size = reference.block_size
+    requests: dict[str, tuple[Request, Request]] = {}
+    inputs["calls so far"] = []
+    for op in ops:
+        if op[0] == "free":
+            for target in (reference, manager):
+                target.free(op[1])
+            inputs["calls so far"].append(f"free({op[1]})  (the reference's)")
+            continue
+        _, rid, prompt_len, num_new, hit_ids = op
+        if rid not in requests:
+            requests[rid] = (_request(rid, prompt_len), _request(rid, prompt_len))
+        ref_req, lab_req = requests[rid]
+        if hit_ids == "maybe hits":   # a random first allocation: perhaps some prefix hits
+            candidates = _hit_candidates(reference, rid)
+            max_hits = min(len(candidates), (ref_req.num_tokens - 1) // block_size)
+            hit_ids = rng.sample(candidates, rng.randint(0, max_hits)) if max_hits and rng.random() < 0.6 else []
+        num_hit_tokens = len(hit_ids) * block_size
+        remaining = ref_req.num_tokens - ref_req.num_computed_tokens - num_hit_tokens  # 1 for a decode step
+        if num_new is None:
+            num_new = rng.randint(1, remaining) if remaining > 1 and rng.random() < 0.4 else remaining
+        inputs["calls so far"].append(
+            f"allocate_slots({rid}, num_new_tokens={num_new}, num_new_computed_tokens={num_hit_tokens}, "
+            f"new_computed_blocks=blocks {hit_ids}) with num_computed_tokens={ref_req.num_computed_tokens}"
+            + (f" (hit ref_cnts {[reference.block_pool.blocks[i].ref_cnt for i in hit_ids]})" if hit_ids else ""))
+        expected = _ids(reference.allocate_slots(ref_req, num_new, num_hit_tokens,
+                                                 [reference.block_pool.blocks[i] for i in hit_ids]))
+        with calling("allocate_slots", inputs, expected=expected, hint=_ALLOCATE_HINT):
+            got = _ids(manager.allocate_slots(lab_req, num_new, num_hit_tokens,
+                                              [manager.block_pool.blocks[i] for i in hit_ids]))
+        expect_equal("allocate_slots return value", inputs, expected, got,
+                     "return only the NEW blocks (maybe []), or None when too few blocks are free (a hit that "
+                     "sits in the free queue, ref_cnt 0, is not free for this request)")
+        expect_equal("manager state after allocate_slots", inputs,
+                     _manager_state(reference, list(requests)), _manager_state(manager, list(requests)),
+                     "blocks cover num_computed_tokens + num_new_computed_tokens + num_new_tokens: the hits "
+                     "(touched: one more reference each) first, then the new blocks; None changes nothing, "
+                     "not even an empty req_to_blocks entry")
+        if expected is not None:
+            for req in (ref_req, lab_req):
+                req.num_computed_tokens += num_hit_tokens + num_new
+                if req.num_computed_tokens == req.num_tokens:  # all computed: a token is sampled
+                    req.append_output_token_ids(7)
 
 
 PHASE = Phase("01_paged_kv", (

@@ -6,19 +6,31 @@
     check_prepare_inputs(prepare_inputs)
 
 The first case of each is the worked example of the phase: block_size 4, prompts of 5, 7 and 3
-tokens in blocks [1, 2], [3, 4] and [5], then the decode step that follows.
+tokens in blocks [1, 2], [3, 4] and [5], then the decode step that follows, then a chunked-prefill step
+(a request whose token list holds more tokens than it has computed and scheduled so far), then seeded
+random steps (some of them chunked too). `prepare_inputs` and `compute_query_start_loc` also get an empty
+batch. `compute_positions` and `compute_slot_mapping` must be vectorized: the Python lines they run may
+not grow with the number of tokens (a per-token loop fails; a loop over requests is allowed for positions).
+
+vLLM v0.33.0 builds these in `GPUModelRunner._prepare_inputs` (vllm/v1/worker/gpu_model_runner.py): its
+positions logic (`GPUModelRunner._get_cumsum_and_arange` plus one gather) runs on the CPU and passes
+check_positions (tests/test_course_vllm_answers_p02.py); its slot mapping is a Triton kernel
+(`ComputeSlotMappingKernel.kernel` in vllm/v1/worker/block_table.py), also run against check_slot_mapping
+there when Triton is installed; `query_start_loc` and the input-id gather are inline code, with no
+function of their own to run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import _ENGINE_DIR, _LABS_DIR, _LIBRARY_DIRS, calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini.worker import prepare_inputs as reference
 
@@ -39,7 +51,9 @@ def random_step(rng: random.Random, max_token_id: int = 1000) -> dict[str, Any]:
     for _ in range(num_reqs):
         total = rng.randint(1, 40)
         num_scheduled = 1 if rng.random() < 0.4 else rng.randint(1, total)
-        token_ids.append([rng.randrange(max_token_id) for _ in range(total)])
+        # a chunked prefill: the request's token list (its whole prompt) runs past this step's chunk
+        not_yet = rng.randint(1, 12) if rng.random() < 0.3 else 0
+        token_ids.append([rng.randrange(max_token_id) for _ in range(total + not_yet)])
         computed.append(total - num_scheduled)
         scheduled.append(num_scheduled)
         num_blocks = -(-total // block_size)
@@ -63,7 +77,59 @@ def step_cases(seeds: Iterable[int], max_token_id: int = 1000) -> list[dict[str,
         "num_computed_tokens": [5, 7, 3],
         "num_scheduled_tokens": [1, 1, 1],
     }
-    return [prefill, decode, *(random_step(random.Random(seed), max_token_id) for seed in seeds)]
+    chunked = {  # a 12-token prompt computed 4 at a time (its 2nd chunk) next to a decode: token_ids is longer
+        "token_ids": [[(7 * i + 3) % max_token_id for i in range(12)], [1, 12, 13, 14]],
+        "block_ids": [[6, 2, 9], [5]],
+        "block_size": 4,
+        "num_computed_tokens": [4, 3],
+        "num_scheduled_tokens": [4, 1],
+    }
+    return [prefill, decode, chunked, *(random_step(random.Random(seed), max_token_id) for seed in seeds)]
+
+
+EMPTY_STEP = {"token_ids": [], "block_ids": [], "block_size": 4, "num_computed_tokens": [],
+              "num_scheduled_tokens": []}
+
+
+class _CountLines:
+    """Counts the Python lines executed in the learner's own code (not in torch, labs or mini) during a call."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.count += 1
+        return self._local
+
+    def _global(self, frame, event, arg):
+        return None if frame.f_code.co_filename.startswith((_LABS_DIR, _ENGINE_DIR, *_LIBRARY_DIRS)) else self._local
+
+    def __enter__(self) -> _CountLines:  # noqa: PYI034 - a private helper, never subclassed
+        self._previous = sys.gettrace()
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        sys.settrace(self._previous)
+
+
+def _lines_run(function: Callable, *args: Any) -> int:
+    with _CountLines() as counter:
+        function(*args)
+    return counter.count
+
+
+def _expect_vectorized(name: str, few: int, many: int, sizes: tuple[int, int], hint: str) -> None:
+    expect_equal(
+        f"{name} is vectorized",
+        {"requests": 3, "tokens": f"{sizes[0]} then {sizes[1]}",
+         f"Python lines run with {sizes[0]} tokens": few},
+        f"<= {few + 10} lines with {sizes[1]} tokens",
+        f"{many} lines with {sizes[1]} tokens",
+        hint,
+        equal=lambda expected, got: many <= few + 10,
+    )
 
 
 def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str) -> None:
@@ -87,7 +153,7 @@ def _req_indices(num_scheduled_tokens: list[int]) -> torch.Tensor:
 
 
 def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int] = range(20)) -> None:
-    cases = step_cases(seeds)
+    cases = [*step_cases(seeds), EMPTY_STEP]
     for case in cases:
         inputs = {"num_scheduled_tokens": case["num_scheduled_tokens"]}
         expected = reference.compute_query_start_loc(case["num_scheduled_tokens"])
@@ -117,7 +183,13 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
             got,
             "request i's new tokens sit at num_computed[i], num_computed[i] + 1, ... (one per row)",
         )
-    passed("check_positions", len(cases))
+    with calling("compute_positions", {"note": "3 requests of 4, then of 300 new tokens each"}):
+        few = _lines_run(compute_positions, [0, 5, 9], [4, 4, 4])
+        many = _lines_run(compute_positions, [0, 5, 9], [300, 300, 300])
+    _expect_vectorized("compute_positions", few, many, (12, 900),
+                       "no Python loop over tokens: repeat_interleave the per-request starts and subtract "
+                       "each request's first flat row from one arange over all tokens")
+    passed("check_positions", len(cases) + 1)
 
 
 def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = range(20)) -> None:
@@ -144,11 +216,35 @@ def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = ra
             got,
             "slot = block_table[req, pos // block_size] * block_size + pos % block_size",
         )
-    passed("check_slot_mapping", len(cases))
+    with calling("compute_slot_mapping", {"note": "3 requests of 4, then of 300 new tokens each"}):
+        few, many = (_slot_mapping_lines(compute_slot_mapping, n) for n in (4, 300))
+    _expect_vectorized("compute_slot_mapping", few, many, (12, 900),
+                       "no Python loop over tokens: index block_table with the two index tensors "
+                       "(req_indices, positions // block_size) at once, then one multiply-add")
+    passed("check_slot_mapping", len(cases) + 1)
+
+
+def _slot_mapping_lines(compute_slot_mapping: Callable, tokens_per_request: int) -> int:
+    block_size = 16
+    blocks = -(-tokens_per_request // block_size)
+    table = reference.make_block_table([[1 + r * blocks + b for b in range(blocks)] for r in range(3)])
+    req_indices = torch.arange(3).repeat_interleave(tokens_per_request)
+    positions = torch.arange(tokens_per_request).repeat(3)
+    return _lines_run(compute_slot_mapping, table, req_indices, positions, block_size)
+
+
+_PREPARE_HINTS = {
+    "input_ids": "request i's tokens at positions num_computed_tokens[i] .. num_computed_tokens[i] + "
+                 "num_scheduled_tokens[i] - 1 of token_ids[i], requests end to end (under chunked prefill "
+                 "token_ids[i] holds more tokens than computed + scheduled: not the last ones)",
+    "seq_lens": "int32, per request: num_computed_tokens + num_scheduled_tokens",
+    "block_table": "make_block_table(block_ids): int32 [B, max_blocks], rows padded with 0",
+    "logits_indices": "int64, each request's last flat row: query_start_loc[1:] - 1",
+}
 
 
 def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(20)) -> None:
-    cases = step_cases(seeds)
+    cases = [*step_cases(seeds), EMPTY_STEP]
     for case in cases:
         inputs = {
             key: case[key]
@@ -167,7 +263,8 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
                 inputs,
                 expected[name],
                 value,
-                f"see the table in the phase: how {name} is built from the per-request lists",
+                _PREPARE_HINTS.get(name, f"see the table in the phase: how {name} is built from the "
+                                         "per-request lists (an empty batch gives empty tensors)"),
             )
     passed("check_prepare_inputs", len(cases))
 

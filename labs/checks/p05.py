@@ -11,6 +11,14 @@ the scheduler state after every step. No model, no tensors: a few milliseconds p
 
 The worked example of the phase: block_size 4, 12 KV blocks (11 usable: 44 token slots), a budget of
 16 tokens per step, max_num_seqs 3, long_prefill_token_threshold 8, and six requests.
+
+vLLM v0.33.0 (vllm/v1/core/sched/scheduler.py) is the authority for every rule graded here: the length
+cap keeps a position for the sampled token (`max_model_len - num_computed_tokens - 1`), the priority
+victim is `max(running, key=(priority, arrival_time))` (the first such on a tie), a request alone gets
+no `long_prefill_token_threshold` cap, and a request that preempts itself under the priority policy lets
+the running pass go on. tests/test_course_vllm_answers_p05.py runs vLLM's own victim choice and token
+count through these checks. mini's own rule on top (vLLM frees them cached): blocks allocated this step to
+a victim undone later in the same step are taken out of the prefix cache (`uncache_uncomputed_blocks`).
 """
 
 from __future__ import annotations
@@ -66,8 +74,13 @@ def _num_tokens_cases(seeds: Iterable[int]) -> list[dict[str, int]]:
         case(11, 10, 16),  # a decode: one token
         case(30, 0, 16),  # no threshold: as much as the budget allows
         case(30, 0, 0),  # no budget left
-        case(64, 62, 16, max_model_len=63),  # never place a token at a position >= max_model_len
+        case(64, 62, 16, max_model_len=63),  # the sampled token would sit at position 63: nothing fits
+        case(64, 60, 16, max_model_len=63),  # 2 of 4: positions 60, 61; the token sampled lands at 62
+        case(30, 10, 16, max_model_len=20),  # the length cap (9), below the budget
+        case(30, 10, 16, threshold=12, max_model_len=20),  # the length cap binds after the threshold
+        case(40, 0, 32, max_model_len=24),  # a long prompt: at most 23 of it
         case(5, 5, 16),  # nothing left to compute
+        case(9, 3, 16, threshold=6),  # wanted == threshold: 6
     ]
     for seed in seeds:
         rng = random.Random(seed)
@@ -79,7 +92,7 @@ def _num_tokens_cases(seeds: Iterable[int]) -> list[dict[str, int]]:
                 computed,
                 rng.randint(0, 40),
                 rng.choice([0, 0, rng.randint(1, 20)]),
-                rng.randint(max(computed, 1), 100),
+                rng.randint(computed + 1, 100),  # vLLM's domain: a request never reaches max_model_len computed
             )
         )
     return cases
@@ -97,7 +110,8 @@ def check_num_tokens_to_schedule(num_tokens_to_schedule: Callable, seeds: Iterab
             expected,
             got,
             "wanted = num_tokens - num_computed_tokens; cap it by long_prefill_token_threshold (when > 0), "
-            "by token_budget, and by max_model_len - num_computed_tokens; never below 0",
+            "by token_budget, and by the length limit: the token this step samples also needs a position "
+            "below max_model_len; never below 0",
         )
     passed("check_num_tokens_to_schedule", len(cases))
 
@@ -115,8 +129,11 @@ def _victim_cases(seeds: Iterable[int]) -> list[tuple[list[tuple[int, float]], S
         [(0, 0.0), (0, 1.0), (0, 2.0)],
         [(0, 0.0), (5, 1.0), (1, 2.0)],
         [(2, 3.0), (2, 1.0), (0, 2.0)],
-        [(1, 0.0), (1, 0.0), (0, 0.0)],
+        [(1, 0.0), (1, 0.0), (0, 0.0)],  # a tie: the first of the two
         [(0, 0.0)],
+        [(2, 1.0), (0, 0.0), (2, 1.0), (2, 1.0)],  # a tie of three, not at the head
+        [(1, 0.0), (1, 3.0), (0, 1.0)],  # same priority: the later arrival
+        [(0, 5.0), (1, 0.0), (0, 9.0)],  # priority before arrival
     ]
     cases = [(specs, policy) for specs in fixed for policy in SchedulingPolicy]
     for seed in seeds:
@@ -139,8 +156,16 @@ def check_select_preemption_victim(
         }
         expected = reference.select_preemption_victim(_running(specs), policy).request_id
         running = _running(specs)
+        passed_in = list(running)
         with calling("select_preemption_victim", inputs, expected=expected):
-            got = select_preemption_victim(list(running), policy)
+            got = select_preemption_victim(passed_in, policy)
+        expect_equal(
+            "select_preemption_victim: the running list after the call",
+            inputs,
+            [r.request_id for r in running],
+            [r.request_id for r in passed_in],
+            "only choose the victim: the scheduler takes it out of running itself (self._preempt)",
+        )
         got_id = got.request_id if isinstance(got, Request) and any(got is r for r in running) else got
         expect_equal(
             "select_preemption_victim (the request_id of the victim)",
@@ -148,7 +173,8 @@ def check_select_preemption_victim(
             expected,
             got_id,
             "FCFS: the request at the END of running (admitted last). PRIORITY: the largest "
-            "(priority, arrival_time); on a tie the one admitted last. Return the Request itself",
+            "(priority, arrival_time); on a tie the FIRST such request in running (as Python's max). "
+            "Return the Request itself",
         )
     passed("check_select_preemption_victim", len(cases))
 
@@ -203,7 +229,15 @@ def summarize_state(scheduler: reference.Scheduler) -> dict[str, Any]:
         "status": {r.request_id: r.status.name for r in scheduler.requests.values()},
         "block_ids": {r.request_id: manager.get_block_ids(r.request_id) for r in scheduler.requests.values()},
         "num_free_blocks": manager.block_pool.get_num_free_blocks(),
+        "prefix-cached block ids": sorted(block.block_id for block in manager.block_pool.cached_blocks()),
+        "prefix-cache stats (requests, queries, hits, preempted: requests, queries, hits)": _stats(manager),
     }
+
+
+def _stats(manager: KVCacheManager) -> tuple[int, ...]:
+    stats = manager.prefix_cache_stats
+    return (stats.requests, stats.queries, stats.hits, stats.preempted_requests, stats.preempted_queries,
+            stats.preempted_hits)
 
 
 def _add_requests(scheduler: reference.Scheduler, specs: list[dict[str, Any]], step: int) -> None:
@@ -274,6 +308,56 @@ def priority_workload(enable_prefix_caching: bool = False) -> tuple[dict[str, An
     return config, specs
 
 
+def lone_then_priority_workload(prompt_len: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A low-priority request alone for one step (no long_prefill_token_threshold cap: it takes the whole
+    budget), then an important one arrives and the pool runs dry.
+
+    With prompt_len 24 (block size 4, 9 blocks, budget 16, threshold 8, caching on), the low-priority
+    request is the victim at step 2 while it is the one being scheduled (it preempts itself); the important
+    request after it must still be scheduled in that step. undo_victim_workload is the same with a third
+    request, so the victim is one already scheduled in the step.
+    """
+    config = {
+        "block_size": 4,
+        "num_gpu_blocks": 9,
+        "max_num_batched_tokens": 16,
+        "max_num_seqs": 3,
+        "long_prefill_token_threshold": 8,
+        "enable_chunked_prefill": True,
+        "scheduling_policy": "priority",
+        "enable_prefix_caching": True,
+        "max_model_len": 64,
+    }
+    specs = [
+        {"id": "r0", "prompt": [1 + j % 30 for j in range(prompt_len)], "max_tokens": 4, "arrive": 0,
+         "arrival_time": 0.0, "priority": 2},
+        {"id": "r1", "prompt": [31 + j for j in range(8)], "max_tokens": 4, "arrive": 1, "arrival_time": 1.0,
+         "priority": 0},
+    ]
+    return config, specs
+
+
+def undo_victim_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """lone_then_priority_workload(24) with a one-token request at step 0, so r0 is never alone and its
+    prompt goes in chunks of 8: at step 2 r0 is scheduled its last chunk (two new blocks, cached at
+    allocation), then r1 needs a block and r0, the victim, is undone. r1 takes one of the two blocks; the
+    other was never written and must not stay a prefix-cache hit (r0 itself would read it when it comes
+    back)."""
+    config, specs = lone_then_priority_workload(24)
+    specs.append({"id": "r2", "prompt": [50], "max_tokens": 1, "arrive": 0, "arrival_time": 0.5, "priority": 1})
+    return config, specs
+
+
+def undo_victim_then_chunk_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """undo_victim_workload with a shorter r1 and a 12-token r3 (priority 1) behind it in `running`: after
+    r0 is undone at step 2, r3's chunk needs the 8 tokens of budget r0 handed back."""
+    config, specs = undo_victim_workload()
+    specs[1]["prompt"] = [31, 32, 33, 34]
+    specs.append({"id": "r3", "prompt": [60 + j for j in range(12)], "max_tokens": 3, "arrive": 1,
+                  "arrival_time": 1.5, "priority": 1})
+    return config, specs
+
+
 def unchunked_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """enable_chunked_prefill=False: a waiting prompt that does not fit the budget LEFT this step waits
     whole (vLLM breaks out of the waiting loop); it is never cut into a chunk."""
@@ -294,7 +378,7 @@ def unchunked_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         {"id": "r1", "prompt": [21, 22, 23, 24, 25, 26], "max_tokens": 2, "arrive": 0, "arrival_time": 0.0,
          "priority": 0},
         {"id": "r2", "prompt": [31, 32, 33], "max_tokens": 4, "arrive": 0, "arrival_time": 0.0, "priority": 0},
-        {"id": "r3", "prompt": [41, 42, 43, 44, 45, 46, 47, 48], "max_tokens": 1, "arrive": 2,
+        {"id": "r3", "prompt": [41, 42, 43, 44, 45, 46, 47], "max_tokens": 1, "arrive": 2,
          "arrival_time": 1.0, "priority": 0},
     ]
     return config, specs
@@ -320,7 +404,8 @@ def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     specs = []
     for i in range(rng.randint(1, 6)):
         length = rng.randint(1, 20)
-        max_prompt = 24 if config["enable_chunked_prefill"] else min(24, config["max_num_batched_tokens"])
+        # a prompt leaves a position for the token it samples (< max_model_len)
+        max_prompt = 23 if config["enable_chunked_prefill"] else min(23, config["max_num_batched_tokens"] - 1)
         length = min(length, max_prompt)
         prompt = shared[:length] if rng.random() < 0.4 else [rng.randrange(1, 40) for _ in range(length)]
         specs.append(
@@ -361,6 +446,9 @@ def run_schedule(
 def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None:
     cases = [
         worked_workload(),
+        lone_then_priority_workload(24),
+        undo_victim_workload(),
+        undo_victim_then_chunk_workload(),
         priority_workload(),
         priority_workload(enable_prefix_caching=True),
         unchunked_workload(),
@@ -377,33 +465,48 @@ def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None
         expected = run_schedule(None, config, specs)
         with calling("schedule", inputs, expected=expected):
             got = run_schedule(schedule, config, specs)
-        for index in range(max(len(expected), len(got))):
-            want = expected[index] if index < len(expected) else ({"(no step)": "the run had ended"}, {})
-            have = got[index] if index < len(got) else ({"(no step)": "your run ended early"}, {})
-            for key in want[0].keys() | have[0].keys():
-                expect_equal(
-                    f"step {index}: SchedulerOutput.{key}",
-                    inputs,
-                    want[0].get(key),
-                    have[0].get(key),
-                    _HINTS.get(key.split(" ")[0], _HINT),
-                )
-            for key in want[1].keys() | have[1].keys():
-                expect_equal(
-                    f"step {index}: after update_from_output, scheduler {key}",
-                    inputs,
-                    want[1].get(key),
-                    have[1].get(key),
-                    _HINT,
-                )
+        _compare_runs(inputs, expected, got)
     passed("check_schedule", len(cases))
+
+
+def _ordered_keys(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
+    return [*want, *(key for key in have if key not in want)]
+
+
+def _compare_runs(inputs: dict[str, Any], expected: list, got: list) -> None:
+    """Fail at the FIRST step where the two runs part, naming that step and what differs."""
+    for index in range(max(len(expected), len(got))):
+        want = expected[index] if index < len(expected) else ({"(no step)": "the run had ended"}, {})
+        have = got[index] if index < len(got) else ({"(no step)": "your run ended early"}, {})
+        if want == have:
+            continue
+        step_inputs = {**inputs, "the runs agree up to": f"step {index - 1}" if index else "(they part at once)"}
+        for key in _ordered_keys(want[0], have[0]):
+            expect_equal(
+                f"step {index} (the first where your run and the reference part): SchedulerOutput.{key}",
+                step_inputs,
+                want[0].get(key),
+                have[0].get(key),
+                _HINTS.get(key.split(" ")[0], _HINT),
+            )
+        for key in _ordered_keys(want[1], have[1]):
+            expect_equal(
+                f"step {index} (the first where your run and the reference part): after update_from_output, "
+                f"scheduler {key}",
+                step_inputs,
+                want[1].get(key),
+                have[1].get(key),
+                _HINTS.get(key, _HINT),
+            )
 
 
 _HINT = (
     "RUNNING first, in order: num_tokens_to_schedule(...), allocate_slots, preempt "
-    "select_preemption_victim(...) until it fits (a request may preempt itself); then, only if nobody "
-    "was preempted, WAITING requests while budget and max_num_seqs allow (prefix hits first). Finally "
-    "build the output with self._make_output(...) and advance num_computed_tokens"
+    "select_preemption_victim(...) until it fits (a request may preempt itself: FCFS stops the running "
+    "pass there, PRIORITY goes on with the next request); then, only if nobody was preempted, WAITING "
+    "requests while budget and max_num_seqs allow (prefix hits first). long_prefill_token_threshold caps "
+    "a request only when more than one request is running or waiting (self.get_request_counts()). "
+    "Finally build the output with self._make_output(...) and advance num_computed_tokens"
 )
 _HINTS = {
     "preempted_req_ids": "preempt only when allocate_slots returns None; the victim goes back to waiting "
@@ -412,7 +515,15 @@ _HINTS = {
     "new_reqs": "a waiting request is admitted only if no one was preempted this step, a seat is free "
     "(max_num_seqs), budget is left, and allocate_slots succeeds; it starts after its prefix hits",
     "num_scheduled_tokens": "running requests are served first, in order, each num_tokens_to_schedule(...) "
-    "tokens; the budget shrinks as you go",
+    "tokens; the budget shrinks as you go; a request alone (self.get_request_counts()) gets no "
+    "long_prefill_token_threshold cap; under PRIORITY a request that preempted itself does not end the "
+    "running pass",
+    "prefix-cache stats (requests, queries, hits, preempted: requests, queries, hits)": "count a request's "
+    "prefix-cache lookup once, when it is admitted (record_prefix_cache_stats after allocate_slots succeeds), "
+    "not for every step it waits",
+    "prefix-cached block ids": "a victim undone in the step that scheduled it got blocks that were cached at "
+    "allocation but will never be written this step: a block that holds no KV must not stay a prefix-cache "
+    "hit (see the helpers the exercise lists)",
 }
 
 

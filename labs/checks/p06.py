@@ -6,7 +6,9 @@
     check_step(step)
 
 The detokenizer cases use the shipped tokenizer (mini/assets/tiny-llama, byte-level BPE): an emoji is
-4 byte tokens, a CJK character 3, so most prefixes of a stream end inside a character. `check_step`
+4 byte tokens, a CJK character 3, so most prefixes of a stream end inside a character; and a small
+Llama-style (SentencePiece, byte fallback) tokenizer, where decoding a token without its context loses
+the word's leading space. `check_step`
 runs each workload on one small engine (shipped model) twice, stepped by the reference
 `LLMEngine.step` and then by the candidate, and compares every step's outputs.
 """
@@ -39,6 +41,39 @@ def shipped_tokenizer() -> Any:
     from mini.tokenizer import load_tokenizer
 
     return load_tokenizer(SHIPPED_MODEL_DIR)
+
+
+@functools.lru_cache(maxsize=1)
+def llama_style_tokenizer() -> Any:
+    """A small SentencePiece-style (Llama 2) tokenizer trained in memory: a word's leading space is part of
+    its token ("\u2581world") and the decoder strips the space at the start of a decoded string, so a token
+    decoded without the tokens before it loses its space (why the prefix is decoded as context).
+    Byte fallback (<0xF0> ...) spells characters the vocabulary lacks."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tokenizer.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0),
+    ])
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=specials, show_progress=False, limit_alphabet=60)
+    tokenizer.train_from_iterator(["Hello world! The quick brown fox.", "caf\u00e9 d\u00e9j\u00e0 vu", "stop END"] * 3,
+                                  trainer)
+    spec = json.loads(tokenizer.to_str())
+    trained = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+    ordered = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t, _ in trained if t not in specials]
+    spec["model"]["vocab"] = {token: index for index, token in enumerate(ordered)}
+    for added in spec["added_tokens"]:
+        added["id"] = ordered.index(added["content"])
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), unk_token="<unk>",
+                                   bos_token="<s>", eos_token="</s>")
+
+
+LLAMA_STYLE_TEXTS = [("Hello", " world! The quick brown fox"), ("The", " caf\u00e9 \U0001f642 d\u00e9j\u00e0 vu")]
 
 
 def stream_tokens(tokenizer: Any, prompt_ids: list[int], output_ids: list[int]) -> Iterable[dict[str, Any]]:
@@ -79,9 +114,15 @@ def _detok_streams(tokenizer: Any, seeds: Iterable[int]) -> list[tuple[list[int]
 def check_detokenize_incrementally(
     detokenize_incrementally: Callable, seeds: Iterable[int] = range(12)
 ) -> None:
-    tokenizer = shipped_tokenizer()
+    shipped = shipped_tokenizer()
+    llama_style = llama_style_tokenizer()
+    streams = [(shipped, prompt_ids, output_ids) for prompt_ids, output_ids in _detok_streams(shipped, seeds)]
+    for prompt, text in LLAMA_STYLE_TEXTS:  # a word's leading space comes from its token: context matters
+        prompt_ids = llama_style.encode(prompt, add_special_tokens=False)
+        streams.append((llama_style, prompt_ids,
+                        llama_style.encode(prompt + text, add_special_tokens=False)[len(prompt_ids):]))
     num_cases = 0
-    for prompt_ids, output_ids in _detok_streams(tokenizer, seeds):
+    for tokenizer, prompt_ids, output_ids in streams:
         for inputs in stream_tokens(tokenizer, prompt_ids, output_ids):
             expected = reference.detokenize_incrementally(
                 tokenizer, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
@@ -97,7 +138,8 @@ def check_detokenize_incrementally(
                 expected,
                 got,
                 "decode tokens[prefix_offset:read_offset] and tokens[prefix_offset:]; the new text is "
-                "the difference. If it ends in '\\ufffd' (an unfinished character) or adds nothing, "
+                "the difference (the prefix is context: a Llama-style tokenizer drops a word's leading "
+                "space when its token is decoded alone). If it ends in '\\ufffd' (an unfinished character) or adds nothing, "
                 "return '' and the SAME offsets; else (text, read_offset, len(tokens))",
             )
             num_cases += 1
@@ -114,6 +156,15 @@ def _stop_string_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
         {"output_text": "a b c", "new_char_count": 0, "stop": ["b"], "include_in_output": False},
         {"output_text": "a b c", "new_char_count": 5, "stop": [], "include_in_output": False},
         {"output_text": "xx\n\nyy", "new_char_count": 4, "stop": ["yy", "\n\n"], "include_in_output": False},
+        # several matches in one step (speculative decoding appends several tokens): the one that ENDS
+        # earliest wins, as if the tokens had come one at a time, though "abcd" STARTS earlier
+        {"output_text": "abcd", "new_char_count": 4, "stop": ["abcd", "bc"], "include_in_output": False},
+        {"output_text": "abcd!", "new_char_count": 5, "stop": ["abcd", "bc"], "include_in_output": True},
+        # two matches end at the same character: the first in the stop list wins
+        {"output_text": "xabc", "new_char_count": 4, "stop": ["abc", "bc"], "include_in_output": False},
+        {"output_text": "xabc", "new_char_count": 4, "stop": ["bc", "abc"], "include_in_output": False},
+        {"output_text": "xabcy", "new_char_count": 3, "stop": ["c", "bc", "abc"], "include_in_output": True},
+        {"output_text": "xabcy", "new_char_count": 3, "stop": ["abc", "bc", "c"], "include_in_output": True},
     ]
     for seed in seeds:
         rng = random.Random(seed)
@@ -145,8 +196,10 @@ def check_check_stop_strings(check_stop_strings: Callable, seeds: Iterable[int] 
             expected,
             got,
             "search from len(text) - new_char_count - len(stop) + 1 (a stop string may straddle old "
-            "and new text); earliest match wins; cut before it, or after it when included "
-            "(-1 if that is the very end); None when nothing matches or nothing is new",
+            "and new text); of several matches, the one that ENDS earliest wins (what one token at a "
+            "time would have found first), and on equal ends the one listed first in `stop`; cut "
+            "before it, or after it when included (-1 if that is the very end); None when nothing "
+            "matches or nothing is new",
         )
     passed("check_check_stop_strings", len(cases))
 
@@ -211,25 +264,39 @@ FIXED_REQUESTS = [
         "params": {"max_tokens": 16},
         "max_model_len": 5,
     },
-    {
+    {  # EOS below min_tokens still stops: min_tokens is the sampler's job (MinTokensLogitsProcessor)
         "prompt_len": 3,
         "output_token_ids": [2],
         "eos_token_id": 2,
         "params": {"max_tokens": 16, "min_tokens": 2},
         "max_model_len": 64,
     },
-    {  # exactly min_tokens outputs: EOS now counts (>=, not >)
+    {  # a stop token id below min_tokens stops too, with its stop_reason
+        "prompt_len": 3,
+        "output_token_ids": [5, 7],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16, "min_tokens": 3, "stop_token_ids": [7]},
+        "max_model_len": 64,
+    },
+    {  # EOS on the last allowed token: EOS is checked before the length limits
         "prompt_len": 3,
         "output_token_ids": [5, 2],
         "eos_token_id": 2,
-        "params": {"max_tokens": 16, "min_tokens": 2},
+        "params": {"max_tokens": 2, "min_tokens": 2},
         "max_model_len": 64,
     },
-    {  # exactly min_tokens outputs: a stop token id now counts too
+    {  # a stop token id that fills max_model_len: stopped, not length-capped
         "prompt_len": 3,
-        "output_token_ids": [5, 6, 7],
+        "output_token_ids": [5, 7],
         "eos_token_id": 2,
-        "params": {"max_tokens": 16, "min_tokens": 3, "stop_token_ids": [7]},
+        "params": {"max_tokens": 16, "stop_token_ids": [7]},
+        "max_model_len": 5,
+    },
+    {  # ignore_eos ignores EOS, not the stop token ids (even when EOS is one of them)
+        "prompt_len": 3,
+        "output_token_ids": [2],
+        "eos_token_id": 2,
+        "params": {"max_tokens": 16, "ignore_eos": True, "stop_token_ids": [2]},
         "max_model_len": 64,
     },
     {
@@ -271,9 +338,10 @@ def check_check_stop(check_stop: Callable, seeds: Iterable[int] = range(60)) -> 
         with calling("check_stop", inputs):
             got = check_stop(request, case["max_model_len"])
         hint = (
-            "EOS (unless ignore_eos) and stop_token_ids count only once min_tokens outputs exist -> "
-            "FINISHED_STOPPED (stop_reason = the stop token id for stop_token_ids); then num_tokens >= "
-            "max_model_len or num_output_tokens >= max_tokens -> FINISHED_LENGTH_CAPPED"
+            "vLLM's order: the EOS token (unless ignore_eos) -> FINISHED_STOPPED; a stop_token_ids "
+            "token -> FINISHED_STOPPED with stop_reason = that id; only then num_tokens >= "
+            "max_model_len or num_output_tokens >= max_tokens -> FINISHED_LENGTH_CAPPED. min_tokens "
+            "plays no part here: the MinTokensLogitsProcessor keeps EOS and stop ids from being sampled"
         )
         expect_equal("check_stop return value", inputs, expected, got, hint)
         expect_equal(

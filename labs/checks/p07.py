@@ -13,6 +13,11 @@ fail with KERNEL_LABS_MESSAGE (labs/test_p07_attention_kernel.py skips them inst
 
 The first case of each check is the phase's worked example: block_size 4, three requests with 5, 9 and
 20 tokens in scattered blocks, 2 KV heads, 2 query heads per KV head, head_size 16.
+
+vLLM v0.33.0's counterparts are Triton kernels with their own signatures: `reshape_and_cache_kernel_flash`
+(vllm/v1/attention/ops/triton_reshape_and_cache_flash.py), launched on the two sides of mini's cache, passes
+check_store_kv (tests/test_course_vllm_answers_p07.py); `kernel_unified_attention` (the online softmax is
+inline there, no function of its own) is too entangled with vLLM's platform code to launch here.
 """
 
 from __future__ import annotations

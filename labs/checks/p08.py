@@ -132,6 +132,17 @@ def _top_k_top_p_cases(
             torch.tensor([2, 2, 2]),
             torch.tensor([0.5, 0.9, 0.8]),
         ),
+        # the boundary rule is `<=`: probabilities [0.25, 0.25, 0.5] and p = 0.5 keep only the 0.5 token
+        # (the cumulative sum 0.25 + 0.25 reaches 1 - p exactly), in either order of the vocabulary
+        (torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.25, 0.25]]).log(), None, torch.tensor([0.5, 0.5])),
+        # p = 1 must keep a token whose probability underflows to exactly 0 (exp(-200) in float32):
+        # 1 - p = 0, and a cumulative sum of 0 is <= 0, so "p = 1" needs its own "drop nothing" rule
+        (torch.tensor([[0.0, -200.0, 1.0, -150.0]]), None, torch.tensor([1.0])),
+        (torch.tensor([[0.0, -200.0, 1.0, -150.0], [-300.0, 2.0, 0.5, 0.0]]), torch.tensor([0, 4]),
+         torch.tensor([1.0, 1.0])),
+        # a tiny p: 1 - p rounds to 1.0 in float32, so every cumulative sum is <= it; the most likely
+        # token must still be kept
+        (torch.tensor([[0.3, 1.2, -0.4, 0.9], [2.0, 2.0, 0.0, -1.0]]), None, torch.tensor([1e-8, 1e-8])),
         # ties at the k-th value are kept
         (torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.5, 2.0]]), torch.tensor([2]), None),
         (torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.5, 2.0]]), torch.tensor([2]), torch.tensor([0.99])),
@@ -194,7 +205,8 @@ def check_apply_top_k_top_p(apply_top_k_top_p: Callable, seeds: Iterable[int] = 
             "kept tokens keep their exact logit, the others become -inf. Top-k keeps every token "
             ">= the k-th largest (k <= 0 or >= vocab: off); top-p (on the top-k survivors) sorts "
             "ascending, drops a token while the cumulative probability up to it is <= 1 - p "
-            "(p = 1: off), and always keeps the most likely token",
+            "(<=, not <), and always keeps the most likely token; p = 1 is off: it drops nothing, "
+            "not even a token whose probability underflows to 0",
         )
     with calling("apply_top_k_top_p", {"note": "16 and 128 rows of 50 logits, to count torch calls"}):
         few, many = _count_calls(apply_top_k_top_p, 16), _count_calls(apply_top_k_top_p, 128)
@@ -220,10 +232,24 @@ def _chi_square(counts: list[int], probs: list[float]) -> float:
     return sum((c - total * q) ** 2 / (total * q) for c, q in zip(counts, probs) if q > 0)
 
 
+def _race_with_tensor_exponential(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """vLLM's draw (`random_sample` in vllm/v1/sample/ops/topk_topp_sampler.py): `Tensor.exponential_`.
+
+    mini's reference draws the same Exp(1) distribution as -log(U) (`exponentials_`, faster on CPU), which
+    gives other numbers for the same seed; the check accepts a seeded row drawn either way."""
+    noise = torch.empty_like(probs)
+    if len(generators) != probs.shape[0]:
+        noise.exponential_()
+    for row, generator in generators.items():
+        noise[row].exponential_(generator=generator)
+    return probs.div_(noise).argmax(dim=-1).view(-1)
+
+
 def check_random_sample(random_sample: Callable, seeds: Iterable[int] = range(20)) -> None:
     hint = (
         "race[row] ~ Exp(1) per token, drawn for a seeded row with exponentials_(race[row], generator) "
-        "(all V values, in token order, once per call); the token is argmax(probs / race) per row"
+        "(all V values, in token order, once per call; vLLM's `race[row].exponential_(generator=...)` "
+        "is accepted too); the token is argmax(probs / race) per row"
     )
     num_cases = 0
     worked = torch.tensor(WORKED_PROBS).repeat(3, 1)
@@ -241,8 +267,10 @@ def check_random_sample(random_sample: Callable, seeds: Iterable[int] = range(20
     for probs, seeded_rows in cases:
         inputs = {"probs": _short_tensor(probs), "seeds of the seeded rows": seeded_rows}
         expected_gens, got_gens = _generators(seeded_rows), _generators(seeded_rows)
+        vllm_gens = _generators(seeded_rows)
         for call in ("first call", "second call (same generators)"):
             expected = reference_random_sample(probs.clone(), expected_gens).tolist()
+            expected_vllm = _race_with_tensor_exponential(probs.clone(), vllm_gens).tolist()
             with calling("random_sample", inputs, expected=expected):
                 got = random_sample(probs.clone(), got_gens)
             got = got.tolist() if isinstance(got, torch.Tensor) else got
@@ -263,13 +291,15 @@ def check_random_sample(random_sample: Callable, seeds: Iterable[int] = range(20
                     "a row never samples a token of probability 0",
                     equal=lambda _a, _b, ok=valid: ok,
                 )
-            expect_equal(
-                f"random_sample ({call}) seeded rows",
-                inputs,
-                {row: expected[row] for row in seeded_rows},
-                {row: got[row] for row in seeded_rows},
-                hint,
-            )
+            got_seeded = {row: got[row] for row in seeded_rows}
+            if got_seeded != {row: expected_vllm[row] for row in seeded_rows}:
+                expect_equal(
+                    f"random_sample ({call}) seeded rows",
+                    inputs,
+                    {row: expected[row] for row in seeded_rows},
+                    got_seeded,
+                    hint,
+                )
             num_cases += 1
         # batch independence: each seeded row alone gives the same token as in the batch
         batch = random_sample(probs.clone(), _generators(seeded_rows)).tolist()

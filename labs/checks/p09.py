@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from labs.checks.common import calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
@@ -113,6 +114,32 @@ def _penalty_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
     return cases
 
 
+class _CountTorchCalls(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count_penalty_calls(apply_all_penalties: Callable, num_rows: int) -> int:
+    rng = torch.Generator().manual_seed(num_rows)
+    vocab_size = 50
+    args = (
+        torch.randn(num_rows, vocab_size, generator=rng),
+        torch.randint(0, vocab_size + 1, (num_rows, 6), generator=rng),
+        torch.randint(0, vocab_size + 1, (num_rows, 5), generator=rng),
+        torch.rand(num_rows, generator=rng),
+        torch.rand(num_rows, generator=rng),
+        torch.rand(num_rows, generator=rng) + 0.5,
+    )
+    with _CountTorchCalls() as counter:
+        apply_all_penalties(*args)
+    return counter.count
+
+
 def check_apply_all_penalties(apply_all_penalties: Callable, seeds: Iterable[int] = range(30)) -> None:
     cases = _penalty_cases(seeds)
     for case in cases:
@@ -129,6 +156,17 @@ def check_apply_all_penalties(apply_all_penalties: Callable, seeds: Iterable[int
             "multiplied by r otherwise; then subtract frequency * (count in the OUTPUT) and "
             "presence * (1 if in the OUTPUT); padding ids (== vocab_size) are not tokens",
         )
+    with calling("apply_all_penalties", {"note": "16 and 128 rows of 50 logits, to count torch calls"}):
+        few, many = _count_penalty_calls(apply_all_penalties, 16), _count_penalty_calls(apply_all_penalties, 128)
+    expect_equal(
+        "apply_all_penalties is vectorized",
+        {"torch calls with 16 rows": few},
+        f"<= {few + 8} calls with 128 rows",
+        f"{many} calls with 128 rows",
+        "no Python loop over rows: one scatter_add_ counts every row's tokens into a [N, V + 1] table, "
+        "and torch.where / broadcasting apply each row's penalties at once",
+        equal=lambda expected, got: many <= few + 8,
+    )
     worked = [torch.tensor(WORKED_PENALTIES[name]) for name in WORKED_PENALTIES]
     with calling("apply_all_penalties", WORKED_PENALTIES):
         got = apply_all_penalties(*worked)
@@ -139,7 +177,7 @@ def check_apply_all_penalties(apply_all_penalties: Callable, seeds: Iterable[int
         got,
         "see the table of the worked example",
     )
-    passed("check_apply_all_penalties", len(cases) + 1)
+    passed("check_apply_all_penalties", len(cases) + 2)
 
 
 # ---------------------------------------------------------------- a BatchUpdate fuzz

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from labs.checks.common import calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
@@ -183,7 +184,40 @@ def check_apply_token_bitmask_inplace(candidate: Callable, seeds: Iterable[int] 
         expect_equal("the returned tensor", inputs, True, returned is mine or torch.equal(returned, mine),
                      "return the logits tensor you edited")
         num_cases += 1
-    passed("check_apply_token_bitmask_inplace", num_cases)
+    with calling("apply_token_bitmask_inplace", {"note": "8 rows x 64 tokens, then 8 rows x 2048 tokens"}):
+        few, many = _count_bitmask_calls(candidate, 8, 64), _count_bitmask_calls(candidate, 8, 2048)
+    expect_equal(
+        "apply_token_bitmask_inplace is vectorized",
+        {"torch calls for 8 rows x 64 tokens": few},
+        f"<= {few + 8} calls for 8 rows x 2048 tokens",
+        f"{many} calls for 8 rows x 2048 tokens",
+        "no Python loop over tokens or words: shift every word by arange(32) at once, keep the lowest "
+        "bit, flatten to [n, 32 * words], and mask the rows with one masked_fill",
+        equal=lambda expected, got: many <= few + 8,
+    )
+    passed("check_apply_token_bitmask_inplace", num_cases + 1)
+
+
+class _CountTorchCalls(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count_bitmask_calls(candidate: Callable, num_rows: int, vocab_size: int) -> int:
+    rng = random.Random(vocab_size)
+    pack = _reference("pack_allowed")
+    bitmask = torch.from_numpy(np.stack([pack(rng.sample(range(vocab_size), vocab_size // 2), vocab_size)
+                                         for _ in range(num_rows)]))
+    logits = torch.randn(2 * num_rows, vocab_size, generator=torch.Generator().manual_seed(num_rows))
+    indices = torch.arange(0, 2 * num_rows, 2)
+    with _CountTorchCalls() as counter:
+        candidate(logits, bitmask, indices)
+    return counter.count
 
 
 PHASE = Phase("11_structured_output", (

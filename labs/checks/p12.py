@@ -10,6 +10,15 @@ match the reference exactly; random rows must be well formed (accepted drafts, t
 token, then -1), reproducible with the same generators, independent of the other rows of the batch when
 seeded, and, over thousands of rows, the first token out must follow the target distribution p (a
 chi-square bound), whatever the draft distribution q was.
+
+vLLM counterparts: `propose_ngram` is `_find_longest_matched_ngram_and_propose_tokens`
+(vllm/v1/spec_decode/ngram_proposer.py; numba-jitted, but plain Python inside), which passes this check
+(tests/test_course_vllm_answers_p12.py). vLLM's rejection sampler exists only as Triton kernels
+(vllm/v1/sample/rejection_sampler.py: `rejection_greedy_sample_kernel`, `rejection_random_sample_kernel`,
+`sample_recovered_tokens_kernel`, driven by `rejection_sample`); run under Triton's interpreter, it passes
+`check_rejection_sample`. `compute_residual_probs` has no counterpart (the kernel never normalises the
+residual), nor has `rollback_spec_tokens` (inline code in `Scheduler.update_from_output`,
+vllm/v1/core/sched/scheduler.py).
 """
 
 from __future__ import annotations
@@ -282,7 +291,9 @@ def _check_row_shape(row_index: int, row: list[int], case: dict[str, Any], input
     else:
         bonus = int(case["bonus_token_ids"][row_index])
         expect_equal(f"{what}: the token after {num_drafts} accepted drafts", inputs, bonus, row[accepted],
-                     "when every draft is accepted, the row's bonus token follows them")
+                     "when every draft is accepted, the row's bonus token follows them; if the draft was in fact "
+                     "rejected, the token you emitted in its place repeated it: after a rejection, sample the "
+                     "residual max(0, p - q), which never gives the rejected draft")
         tail = row[accepted + 1:]
     expect_equal(f"{what}: the padding after the last token", inputs, [PLACEHOLDER_TOKEN_ID] * len(tail), tail,
                  "everything after the recovered or bonus token is -1 (PLACEHOLDER_TOKEN_ID)")

@@ -6,6 +6,9 @@
 
 The capstone's exercises plug into no engine seam: they are the tools that judge an assembled engine
 (where two runs part, which component breaks exactness, what the report card adds up to).
+
+vLLM counterparts: none of the three is a function of vLLM's. The nearest, `check_outputs_equal` and
+`check_logprobs_close` in vLLM's tests/models/utils.py, assert where two runs part rather than return it.
 """
 
 from __future__ import annotations

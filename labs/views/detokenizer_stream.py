@@ -1,7 +1,7 @@
 """The incremental detokenizer, token by token: bytes, offsets and the text each token releases.
 
 Mirrors no single vllm/v1 file; it replays `detokenize_incrementally` (vLLM:
-vllm/transformers_utils/detokenizer_utils.py, used by vllm/v1/engine/detokenizer.py) exactly as the
+vllm/tokenizers/detokenizer_utils.py, used by vllm/v1/engine/detokenizer.py) exactly as the
 engine's detokenizer drives it (mini: mini/engine/detokenizer.py).
 
 - `detokenizer_stream(tokenizer, prompt_ids, output_ids)` -> list[`DetokStep`]: plain data;

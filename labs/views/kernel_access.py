@@ -1,7 +1,8 @@
 """The kernel-access view: which program of the paged decode kernel reads which KV blocks and slots.
 
-Mirrors no single vllm/v1 file; it draws what the decode path of vllm/attention/ops/triton_unified_attention.py
-(and mini/attention/triton_paged.py, `_paged_decode_kernel`) does in memory: program (request r, KV head h)
+Mirrors no single vllm/v1 file; it draws what a decode program of `kernel_unified_attention` in
+vllm/v1/attention/ops/triton_unified_attention.py (and mini/attention/triton_paged.py, `_paged_decode_kernel`)
+does in memory: program (request r, KV head h)
 walks request r's positions tile by tile, turns each position into (block, offset) through the block table,
 and reads the key and value of KV head h at that slot.
 

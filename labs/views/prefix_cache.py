@@ -33,10 +33,10 @@ class PrefixCacheSnapshot:
 
     step: int
     block_size: int
-    chains: dict[str, list[int]]              # request id -> its full-block hashes (last seen)
+    chains: dict[str, list[bytes]]            # request id -> its full-block hashes (last seen)
     block_tables: dict[str, list[int]]        # request id -> its blocks (empty once finished)
     num_cached_tokens: dict[str, int]         # request id -> tokens it got from the cache
-    block_hashes: list[int | None]            # block id -> hash (None: none)
+    block_hashes: list[bytes | None]          # block id -> hash (None: none)
     ref_cnts: list[int]
     free_queue: list[int]                     # head (evicted next) -> tail
     cached_block_ids: list[int]
@@ -58,8 +58,13 @@ class PrefixCacheRecording:
         return len(self.snapshots)
 
 
-def short_hash(block_hash: int | None) -> str:
-    return "-" if block_hash is None else f"{block_hash & 0xFFFF:04x}"
+def short_hash(block_hash: bytes | int | None) -> str:
+    """The last 4 hex digits of a block hash (vLLM's hashes are bytes; an int is accepted too)."""
+    if block_hash is None:
+        return "-"
+    if isinstance(block_hash, bytes):
+        return block_hash[-2:].hex().rjust(4, "0")
+    return f"{block_hash & 0xFFFF:04x}"
 
 
 def _snapshot(engine: Any, step: int, chains: dict[str, list[int]], tables: dict[str, list[int]],

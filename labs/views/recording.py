@@ -131,7 +131,7 @@ def describe_changes(before: KVSnapshot, after: KVSnapshot) -> list[str]:
         if added:
             events.append(f"allocate {req_id}: +{added}")
         if removed:
-            events.append(f"free {req_id}: {removed} (ref_cnt -> 0 joins the free-queue tail)")
+            events.append(f"free {req_id}: {removed} (ref_cnt -> 0: back to the free queue)")
     return events
 
 

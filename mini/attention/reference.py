@@ -1,11 +1,17 @@
 """Paged attention in plain PyTorch: write K/V by slot, then attend through the block table.
 
-Mirrors vllm/v1/attention/backends/flash_attn.py (FlashAttentionMetadata, FlashAttentionImpl.forward)
-and the cache write of vllm/_custom_ops.py `reshape_and_cache_flash`, written as readable tensor code
-instead of CUDA kernels. The Triton backend (mini/attention/triton_paged.py) has the same signatures.
+Mirrors vllm/v1/attention/backends/flash_attn.py (FlashAttentionMetadata, FlashAttentionImpl.forward and
+`do_kv_cache_update`, which calls the CUDA cache write `reshape_and_cache_flash` of vllm/_custom_ops.py),
+written as readable tensor code instead of kernels. The Triton backend (mini/attention/triton_paged.py) has
+the same signatures.
 
 KV cache layout (contract): one tensor per layer, `[2, num_blocks, block_size, num_kv_heads, head_size]`;
 index 0 holds keys, 1 values; slot `s` lives in block `s // block_size` at offset `s % block_size`.
+vLLM v0.33.0 views one layer's cache as `[num_blocks, num_kv_heads, block_size, 2 * head_size]` (keys and
+values side by side in the last dimension, the memory order chosen by a `KVCacheLayout`, by default block,
+slot, head) and FlashAttentionImpl splits it into a key and a value view, each
+`[num_blocks, block_size, num_kv_heads, head_size]`: the same per-side shape as mini's `kv_cache[0]` and
+`kv_cache[1]`.
 
 The batch is flat: request i owns query rows `query_start_loc[i]:query_start_loc[i+1]`. Those new tokens
 sit at positions `seq_lens[i] - q_len .. seq_lens[i] - 1` of the request, and each attends to every

@@ -1,8 +1,10 @@
 """Mirrors vllm/v1/attention/backends/triton_attn.py and the Triton kernels it calls.
 
-Real vLLM keeps the kernels in vllm/attention/ops/triton_reshape_and_cache_flash.py (writing new keys
-and values into the paged cache) and vllm/attention/ops/triton_unified_attention.py (one kernel for
-prefill and decode). This file has the same three jobs, written to be read:
+vLLM v0.33.0 keeps the kernels in vllm/v1/attention/ops/triton_reshape_and_cache_flash.py
+(`reshape_and_cache_kernel_flash`, writing new keys and values into the paged cache) and
+vllm/v1/attention/ops/triton_unified_attention.py (`kernel_unified_attention`: ONE kernel for prefill and
+decode, whose `IS_3D` flag splits long contexts into segments merged by `reduce_segments`). This file has
+the same jobs in three kernels, written to be read:
 
 * ``store_kv``: one program per new token copies its K and V into the cache slot ``slot_mapping[t]``
   (slot ``s`` is block ``s // block_size``, offset ``s % block_size``); slot ``-1`` is padding and skipped.

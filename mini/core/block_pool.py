@@ -2,10 +2,11 @@
 
 Block 0 is the null block (a placeholder, never handed out), so a fresh pool of `num_gpu_blocks`
 hands out blocks 1, 2, 3, ... in order. A block in use has `ref_cnt >= 1` (more than 1 when several
-requests share a cached prefix). When its count drops to 0 it goes to the TAIL of the free queue,
-but with prefix caching it keeps its hash: a later request with the same prefix can revive it
-(`touch`). Only when the block is popped from the head for reuse is its hash dropped
-(lazy eviction).
+requests share a cached prefix). When its count drops to 0 it goes back to the free queue: a block
+holding no hash (or any block when prefix caching is off) to the HEAD, so it is reused first; a
+cached block to the TAIL, keeping its hash, so a later request with the same prefix can revive it
+(`touch`) until the block reaches the head and is popped for reuse, which drops its hash (lazy
+eviction, least recently freed first).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         # Prefix cache: block hash -> the block a hit resolves to (in use or free-but-not-evicted).
-        self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
         # Two requests that computed the same prefix in the same step hold two blocks with one hash. vLLM
         # keeps {block_id: block} per hash (`BlockHashToBlockMap`) and a hit takes the oldest; mini keeps
         # that oldest in the map above and the later ones here, promoted when the oldest is evicted.
-        self.duplicate_cached_blocks: dict[int, dict[int, KVCacheBlock]] = {}
+        self.duplicate_cached_blocks: dict[bytes, dict[int, KVCacheBlock]] = {}
 
     def get_num_free_blocks(self) -> int:
         """Blocks that can be handed out now (free, including cached blocks nobody uses)."""
@@ -59,15 +60,15 @@ class BlockPool:
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
             if self.enable_caching:
-                self.evict_cached_block(block)
+                self._maybe_evict_cached_block(block)
             assert block.ref_cnt == 0, f"block {block.block_id} was free with ref_cnt {block.ref_cnt}"
             block.ref_cnt = 1
         return blocks
 
-    def evict_cached_block(self, block: KVCacheBlock) -> bool:
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         """Drop the block's hash from the prefix cache (its slots are about to be overwritten).
 
-        vLLM: `BlockPool._maybe_evict_cached_block`. Returns True if the block had a hash.
+        Same name as vLLM's `BlockPool._maybe_evict_cached_block`. Returns True if the block had a hash.
         """
         block_hash = block.block_hash
         if block_hash is None:
@@ -86,38 +87,50 @@ class BlockPool:
 
     @seam("free_blocks")
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference of each block; blocks reaching 0 join the free-queue tail in this order.
+        """Drop one reference of each block (the null block is skipped: its count is not kept).
 
-        Callers pass a request's blocks in REVERSE order, so its last blocks are evicted first and
-        its prefix (the part most likely to be shared) stays cached the longest.
+        Blocks reaching 0 go back to the free queue in the order given: those without a hash (every
+        block when caching is off) to the HEAD (`prepend_n`: reused first, LIFO), the cached ones to the
+        TAIL (`append_n`: evicted last, LRU). Callers pass a request's blocks in REVERSE order, so its
+        last blocks come first and its prefix (the part most likely to be shared) stays cached longest.
+        As vLLM's `BlockPool.free_blocks`; mini also refuses a double free (vLLM does not check).
         """
+        evict_first: list[KVCacheBlock] = []
+        evict_last: list[KVCacheBlock] = []
         for block in ordered_blocks:
             if block.is_null:
-                raise ValueError("the null block (block 0) is never handed out, so it cannot be freed")
+                continue
             if block.ref_cnt <= 0:
                 raise ValueError(f"double free: block {block.block_id} already has ref_cnt 0")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_block_queue.append(block)
+                if block.block_hash is None or not self.enable_caching:
+                    evict_first.append(block)
+                else:
+                    evict_last.append(block)
+        self.free_block_queue.prepend_n(evict_first)
+        self.free_block_queue.append_n(evict_last)
 
     @seam("touch")
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on each prefix-cache hit; a hit that was free leaves the free queue.
 
         A block with ref_cnt 0 sits in the free queue (cached but evictable): touching it makes it
-        unevictable again. vLLM: `BlockPool.touch`.
+        unevictable again. The null block is skipped. vLLM: `BlockPool.touch`.
         """
         for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
+            if block.is_null:
+                continue  # never in the free queue, and its ref_cnt is not kept
+            if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
-    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
         """The block holding these tokens (the oldest copy when several do), or None. vLLM: `get_cached_block`."""
         return self.cached_block_hash_to_block.get(block_hash)
 
     def cache_full_blocks(
-        self, blocks: list[KVCacheBlock], block_hashes: list[int], num_cached_blocks: int, num_full_blocks: int
+        self, blocks: list[KVCacheBlock], block_hashes: list[bytes], num_cached_blocks: int, num_full_blocks: int
     ) -> None:
         """Register blocks [num_cached_blocks, num_full_blocks) of a request under their chained hashes.
 

@@ -19,7 +19,7 @@ from mini.utils import cdiv
 
 @seam("find_longest_cache_hit")
 def find_longest_cache_hit(
-    block_hashes: list[int], max_cache_hit_length: int, block_pool: BlockPool, block_size: int
+    block_hashes: list[bytes], max_cache_hit_length: int, block_pool: BlockPool, block_size: int
 ) -> list[KVCacheBlock]:
     """The cached blocks of the longest run of leading block hashes, holding at most `max_cache_hit_length`
     tokens. Stops at the first miss: a block can only be reused if every block before it is too.
@@ -42,12 +42,14 @@ class KVCacheManager:
     """Block tables of all requests, on top of one `BlockPool`."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = False,
-                 hash_algo: str = "builtin") -> None:
+                 hash_algo: str = "sha256") -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hash_function = kv_cache_utils.get_hash_function(hash_algo)
+        if enable_caching:  # vLLM's EngineCore seeds NONE_HASH for the chosen algorithm
+            kv_cache_utils.init_none_hash(self.hash_function)
         # Lookups and hits since the start (or the last reset); vLLM: `KVCacheManager.prefix_cache_stats`.
         self.prefix_cache_stats = PrefixCacheStats()
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
@@ -55,7 +57,7 @@ class KVCacheManager:
         # Prefix caching: how many leading blocks of each request are registered in the cache, and
         # the chained hashes of its full blocks (extended as the request grows).
         self.num_cached_block: dict[str, int] = {}
-        self.req_to_block_hashes: dict[str, list[int]] = {}
+        self.req_to_block_hashes: dict[str, list[bytes]] = {}
 
     @property
     def usage(self) -> float:
@@ -68,7 +70,7 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
 
-    def _block_hashes(self, request: Request) -> list[int]:
+    def _block_hashes(self, request: Request) -> list[bytes]:
         """The request's full-block hash chain, extended to its current tokens (each block hashed once)."""
         known = self.req_to_block_hashes.setdefault(request.request_id, [])
         hashes = kv_cache_utils.hash_request_tokens(
@@ -76,21 +78,37 @@ class KVCacheManager:
         self.req_to_block_hashes[request.request_id] = hashes
         return hashes
 
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether this request may read the prefix cache: caching is on and the request does not skip it
+        (one asking for prompt logprobs does: its hits would have no logprobs). vLLM: same name."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest run of cached leading full blocks, and how many tokens they hold.
 
         At most `num_tokens - 1` tokens can hit: the last token is always computed, to get the logits
-        of the next one (so a fully cached prompt recomputes its last block). Nothing changes here
-        but the hit-rate counters: the hits only become the request's when `allocate_slots` accepts
-        them. Every call is one lookup in `prefix_cache_stats`, as in vLLM's `get_computed_blocks`.
+        of the next one (so a fully cached prompt recomputes its last block). Nothing changes here:
+        the hits only become the request's when `allocate_slots` accepts them, and the scheduler
+        counts the lookup (`record_prefix_cache_stats`) only then, as vLLM's does. A request that
+        skips reading the cache gets no hits.
         """
-        if not self.enable_caching:
+        if not self.prefix_cache_lookup_enabled(request):
             return [], 0
         hits = find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1, self.block_pool,
                                       self.block_size)
-        num_hit_tokens = len(hits) * self.block_size
-        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens)
-        return hits, num_hit_tokens
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Count one admitted request's lookup (a request that skipped the cache is not counted).
+
+        vLLM's scheduler calls `KVCacheManager.record_prefix_cache_stats` once per admission, after
+        `allocate_slots` succeeds, so a request that waits several steps is counted once; a request
+        resumed after preemption goes to the `preempted_*` counters.
+        """
+        if not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                       preempted=request.num_preemptions > 0)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (False, changing nothing, while a block is in use); resets the counters."""
@@ -146,7 +164,7 @@ class KVCacheManager:
         return new_blocks
 
     def free(self, request: Request | str) -> None:
-        """Release the request's blocks, last block first (so the tail is evicted first). Idempotent."""
+        """Release the request's blocks, last block first (vLLM: `SingleTypeKVCacheManager.free`). Idempotent."""
         request_id = request if isinstance(request, str) else request.request_id
         blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
@@ -160,7 +178,7 @@ class KVCacheManager:
         """
         blocks = self.req_to_blocks.get(request.request_id, [])
         for block in blocks[request.num_computed_tokens // self.block_size:]:
-            self.block_pool.evict_cached_block(block)
+            self.block_pool._maybe_evict_cached_block(block)
 
     def forget_request(self, request_id: str) -> None:
         """Drop per-request hash bookkeeping once the request is finished for good."""

@@ -21,13 +21,13 @@ class RequestStatus(enum.IntEnum):
     """Life cycle of a request. Every status after PREEMPTED is a finished one (as in vLLM)."""
 
     WAITING = enum.auto()
-    WAITING_FOR_FSM = enum.auto()  # structured output: grammar still compiling
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()  # structured output: grammar still compiling
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
-    FINISHED_GRAMMAR_DEAD_END = enum.auto()  # structured output: no token can continue the grammar
+    FINISHED_ERROR = enum.auto()  # the grammar refused a token (vLLM: any request-level error)
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -42,7 +42,7 @@ _FINISHED_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
-    RequestStatus.FINISHED_GRAMMAR_DEAD_END: "grammar_dead_end",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -62,6 +62,7 @@ class Request:
         "prompt_token_ids",
         "request_id",
         "sampling_params",
+        "skip_reading_prefix_cache",
         "spec_token_ids",
         "status",
         "stop_reason",
@@ -90,6 +91,12 @@ class Request:
         self.priority = priority
         # Prefix-cache namespace (vLLM: Request.cache_salt): only requests with the same salt share blocks.
         self.cache_salt = cache_salt
+        # vLLM (`Request.get_skip_reading_prefix_cache` in vllm/v1/request.py): SamplingParams'
+        # `skip_reading_prefix_cache` when set, else True for a request asking for prompt logprobs (its cached
+        # tokens would get none). Such a request still writes its blocks to the cache.
+        skip = getattr(sampling_params, "skip_reading_prefix_cache", None)
+        self.skip_reading_prefix_cache = (getattr(sampling_params, "prompt_logprobs", None) is not None
+                                          if skip is None else bool(skip))
         self.output_token_ids: list[int] = []
         # Speculative decoding: draft tokens proposed after the last step, verified in the next one.
         self.spec_token_ids: list[int] = []
@@ -100,12 +107,12 @@ class Request:
         self.stop_reason: int | str | None = None
         # Prefix-cache hit length the first time the request was scheduled (-1: not scheduled yet).
         self.num_cached_tokens = -1
-        # Structured output: the grammar state; WAITING_FOR_FSM until it is compiled.
+        # Structured output: the grammar state; WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR until it is compiled.
         from mini.structured_output.request import StructuredOutputRequest
 
         self.structured_output_request = StructuredOutputRequest.from_sampling_params(sampling_params)
         if self.structured_output_request is not None:
-            self.status = RequestStatus.WAITING_FOR_FSM
+            self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 
     @classmethod
     def from_engine_core_request(cls, core_request: EngineCoreRequest) -> Request:

@@ -1,4 +1,4 @@
-"""Mirrors vllm/v1/engine/detokenizer.py (+ vllm/transformers_utils/detokenizer_utils.py): token ids -> text.
+"""Mirrors vllm/v1/engine/detokenizer.py (+ vllm/tokenizers/detokenizer_utils.py): token ids -> text.
 
 Text is produced one token at a time, as the tokens arrive. Decoding each token on its own is wrong:
 a character can be split over several byte-level tokens, and tokenizers such as SentencePiece decide
@@ -18,12 +18,19 @@ for any token sequence; SentencePiece-style tokenizers keep the leading space of
 the request stays in the token ids but not in the text (unless include_stop_str_in_output), as vLLM v1.
 
 Stop strings are searched in the newly produced text (plus `len(stop) - 1` characters before it, so a
-stop string split across tokens is found too); on a match the text is cut before the stop string (or
-after it with `include_stop_str_in_output`) and the request finishes with finish_reason "stop".
+stop string split across tokens is found too); when several match, the one that ends earliest wins (ties:
+the first in `stop`). On a match the text is cut before the stop string (or after it with
+`include_stop_str_in_output`), token ids after the one completing it are dropped, and the request
+finishes with finish_reason "stop".
+
+vLLM uses `tokenizers`' `DecodeStream` (FastIncrementalDetokenizer) for fast tokenizers and the offset
+algorithm (SlowIncrementalDetokenizer, `detokenize_incrementally` in vllm/tokenizers/detokenizer_utils.py)
+otherwise; mini's choice: the offset algorithm for every tokenizer (same text on byte-level BPE).
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any
 
 from mini.seams import seam
@@ -59,23 +66,27 @@ def check_stop_strings(
     """Find a stop string in the last `new_char_count` characters (and the len(stop)-1 before them).
 
     Returns (stop_string, truncate_to) or None. `truncate_to` is where the text must be cut, or -1 if the
-    text ends exactly after an included stop string. If several match, the earliest in the text wins.
+    text ends exactly after an included stop string. If several match, the one that ENDS earliest wins
+    (what appending one token at a time would have found first), ties broken by the order of `stop`, as
+    `check_stop_strings` in vllm/v1/engine/detokenizer.py.
     """
     if not new_char_count or not stop:
         return None
-    best: tuple[int, str] | None = None
+    best: tuple[int, int, str] | None = None  # (end, start, stop string)
     for stop_str in stop:
         # Start early enough that a stop string straddling old and new text is found.
         start = max(len(output_text) - new_char_count - len(stop_str) + 1, 0)
         index = output_text.find(stop_str, start)
-        if index != -1 and (best is None or index < best[0]):
-            best = (index, stop_str)
+        if index == -1:
+            continue
+        end = index + len(stop_str)
+        if best is None or end < best[0]:  # strictly earlier: an equal end keeps the earlier list entry
+            best = (end, index, stop_str)
     if best is None:
         return None
-    index, stop_str = best
+    end, index, stop_str = best
     if not include_in_output:
         return stop_str, index
-    end = index + len(stop_str)
     return stop_str, (-1 if end >= len(output_text) else end)
 
 
@@ -156,6 +167,13 @@ class OffsetIncrementalDetokenizer(IncrementalDetokenizer):
         return full_text[len(prefix_text):]
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
+        """Detokenize the new tokens, then look for a stop string (`BaseIncrementalDetokenizer.update`).
+
+        A stop string is searched only in the text of tokens past the first `min_tokens`. On a match the
+        text is cut (`truncate_to`), and the token ids that came after the token completing the stop
+        string are dropped (several tokens can arrive in one step with speculative decoding): the output
+        processor trims `new_token_ids` to match (`OutputProcessor._trim_surplus_tokens` in vLLM).
+        """
         if not new_token_ids or self._stopped_on_string:
             return None
         # The EOS / stop token that ended the request is kept in token_ids but not shown as text
@@ -164,16 +182,18 @@ class OffsetIncrementalDetokenizer(IncrementalDetokenizer):
         if stop_terminated and not self.include_stop_str_in_output:
             skipped_stop_token_id = new_token_ids[-1]
             new_token_ids = new_token_ids[:-1]
-        stop_check_offset = len(self._output_text)
+        num_prev_tokens = len(self.token_ids)
+        token_offsets = [len(self._output_text)]  # text length at each boundary between new tokens
         for token_id in new_token_ids:
             self.token_ids.append(token_id)
             self._output_text += self.decode_next(token_id)
-            if len(self.token_ids) <= self.min_tokens:
-                stop_check_offset = len(self._output_text)  # no stop strings before min_tokens
+            token_offsets.append(len(self._output_text))
         if skipped_stop_token_id is not None:
             self.token_ids.append(skipped_stop_token_id)
-        if stop_terminated or not self.stop:
+            token_offsets.append(len(self._output_text))
+        if not self.stop or len(self.token_ids) <= self.min_tokens:
             return None
+        stop_check_offset = token_offsets[max(self.min_tokens - num_prev_tokens, 0)]
         match = check_stop_strings(
             self._output_text, len(self._output_text) - stop_check_offset, self.stop,
             self.include_stop_str_in_output,
@@ -181,6 +201,12 @@ class OffsetIncrementalDetokenizer(IncrementalDetokenizer):
         if match is None:
             return None
         stop_str, truncate_to = match
+        stop_end = len(self._output_text) if truncate_to == -1 else truncate_to
+        if not self.include_stop_str_in_output:
+            stop_end += len(stop_str)
+        # Keep the tokens up to the one whose text completes the stop string.
+        num_kept = bisect.bisect_left(token_offsets, stop_end, lo=1)
+        del self.token_ids[num_prev_tokens + num_kept:]
         if truncate_to != -1:
             self._output_text = self._output_text[:truncate_to]
         self._stopped_on_string = True

@@ -1,4 +1,7 @@
-"""Mirrors vllm/v1/engine/processor.py (InputProcessor in newer vLLM): user prompt -> EngineCoreRequest.
+"""Mirrors vllm/v1/engine/input_processor.py (`InputProcessor.process_inputs`): user prompt -> EngineCoreRequest.
+
+(Older vLLM releases called the file `v1/engine/processor.py` and the class `Processor`. In v0.33.0 the
+tokenizing itself is done before it, by the renderer, vllm/renderers/; mini does both here.)
 
 Everything that can be wrong with a request is found here, before any engine state changes: the
 prompt's form, an empty or too long prompt, token ids outside the vocabulary, and sampling parameters

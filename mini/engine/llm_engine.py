@@ -2,7 +2,12 @@
 
 Mirrors vllm/v1/engine/llm_engine.py (LLMEngine) and vllm/v1/engine/core.py (EngineCore.step).
 vLLM runs the engine core (scheduler + model executor) in a separate process and talks to it over
-ZMQ; mini keeps everything in one process and calls the same pieces in the same order:
+ZMQ. Its `EngineCore.step` schedules, starts the forward with `execute_model(..., non_block=True)`,
+computes the structured-output grammar bitmask while the forward runs, then calls
+`sample_tokens(grammar_output)` (the model runner applies the mask, then samples) and
+`update_from_output`; `LLMEngine.step` then runs the output processor and aborts the requests a stop
+string finished. mini's choice: one process and no overlap; `step` calls the same pieces in order, with
+the forward, the mask and the sampling in one `execute_model` call:
 
     InputProcessor.process      text -> token ids, validation            (vllm/v1/engine/input_processor.py)
     Scheduler.schedule          which requests run, how many tokens each  (vllm/v1/core/sched/scheduler.py)

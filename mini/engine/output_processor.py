@@ -4,7 +4,8 @@ Each step the scheduler returns one `EngineCoreOutput` per request that made pro
 ids, and a finish reason if the engine core stopped it (EOS, stop token, length). For each, the output
 processor
   1. detokenizes the new tokens incrementally and checks the stop strings (a match finishes the
-     request here, so its id goes into `reqs_to_abort`: the engine must tell the scheduler),
+     request here, so its id goes into `reqs_to_abort`: the engine must tell the scheduler; tokens that
+     arrived after the one completing the stop string are dropped, as vLLM's `_trim_surplus_tokens`),
   2. converts the logprobs,
   3. builds the `RequestOutput` the user sees (CUMULATIVE: everything so far; DELTA: only what is new;
      FINAL_ONLY: only at the end), folding parallel-sampling children into their parent.
@@ -188,11 +189,18 @@ class OutputProcessor:
                 req_state.spec_decoding_stats.observe_draft(engine_core_output.num_draft_tokens,
                                                             engine_core_output.num_accepted_tokens)
 
+            num_prev_tokens = len(req_state.detokenizer.output_token_ids)
             stop_string = req_state.detokenizer.update(new_token_ids, finish_reason == "stop")
+            new_logprobs = engine_core_output.new_logprobs
             if stop_string is not None:
                 finish_reason, stop_reason = "stop", stop_string
+                # Tokens after the one completing the stop string are dropped (_trim_surplus_tokens).
+                num_kept = len(req_state.detokenizer.output_token_ids) - num_prev_tokens
+                new_token_ids = new_token_ids[:num_kept]
+                if new_logprobs is not None:
+                    new_logprobs = list(new_logprobs)[:num_kept]
             logprobs_processor = req_state.logprobs_processor
-            logprobs_processor.update_sample_logprobs(new_token_ids, engine_core_output.new_logprobs)
+            logprobs_processor.update_sample_logprobs(new_token_ids, new_logprobs)
             logprobs_processor.update_prompt_logprobs(engine_core_output.new_prompt_logprobs)
 
             request_output = req_state.make_request_output(new_token_ids, finish_reason, stop_reason)

@@ -2,22 +2,35 @@
 
 Mirrors vllm/v1/worker/gpu_worker.py (`Worker.determine_available_memory`: profile, then
 `requested_memory - non_kv_memory`), vllm/v1/worker/gpu_model_runner.py (`profile_run` / `_dummy_run` at
-`max_num_batched_tokens`) and vllm/v1/core/kv_cache_utils.py (`get_kv_cache_config`: bytes -> blocks, and
-the "GPU KV cache size: N tokens" / "Maximum concurrency for L tokens per request: Cx" log lines).
+`max_num_batched_tokens`), vllm/v1/core/kv_cache_planning.py (`get_kv_cache_config_from_groups`: bytes ->
+blocks as `available_memory // bytes_per_block`, the null block among them; `_check_enough_kv_cache_memory`)
+and vllm/v1/core/kv_cache_utils.py (`update_kv_cache_capacity`: the "GPU KV cache size: N tokens, Maximum
+concurrency for L tokens per request: Cx" log line).
 
 The policy (what `LLMEngine` calls when `num_gpu_blocks_override` is None):
 
-* `kv_cache_memory_bytes` given: that many bytes of KV cache, no profiling (as vLLM: the user sized it).
+* `kv_cache_memory_bytes` given: that many bytes of KV cache, no memory profiling (as vLLM: the user sized
+  it; vLLM still runs its dummy forward once, mini skips it).
 * CUDA: budget = `gpu_memory_utilization` x total GPU memory - (weights + peak activations of the
-  profiling run + memory other processes and non-torch allocations already hold), as vLLM.
+  profiling run + memory other processes and non-torch allocations already hold), as vLLM. vLLM v0.33.0 also
+  subtracts an estimate of its CUDA graphs' memory (`profile_cudagraph_memory`,
+  `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS` on by default); mini does not (its decode-only graphs are small).
 * CPU: there is no device memory to share and torch keeps no allocator statistics, so the budget is
   `DEFAULT_KV_CACHE_BYTES` (512 MiB) capped by half the machine's available RAM minus the profiled peak
   (the growth of the process' peak RSS during the profiling run: a lower bound, since the peak RSS only
-  moves once it passes the process' earlier peak). The profiling run doubles as a warm-up. On CPU (only) the cache is also capped
-  at what `max_num_seqs` sequences of `max_model_len` tokens can use: a laptop does not reserve
-  gigabytes it can never fill.
-* At least one full-length request must fit, else ValueError (vLLM: "To serve at least one request with the
-  model's max seq len ... KV cache is needed").
+  moves once it passes the process' earlier peak). The profiling run doubles as a warm-up. On CPU (only) the
+  cache is also capped at what `max_num_seqs` sequences of `max_model_len` tokens can use, plus the null
+  block: a laptop does not reserve gigabytes it can never fill. (mini's own policy: vLLM's CPU worker,
+  `CPUWorker.determine_available_memory` in vllm/v1/worker/cpu_worker.py, reserves `gpu_memory_utilization`
+  of the NUMA node's memory and gives the KV cache what the process' RSS leaves of it.)
+* The blocks are `budget // bytes_per_block` and the null block 0 is ONE OF THEM, as in vLLM (the block pool
+  takes it from the same count), so the usable blocks are one fewer. A budget of zero or less is refused
+  (vLLM: "No available memory for the cache blocks").
+* At least one full-length request must fit, else ValueError. **mini's choice:** the test counts usable
+  blocks (the null block excluded); vLLM compares the bytes of one `max_model_len` request with the budget
+  ("To serve at least one request with the model's max seq len ..."), which accepts a pool one block short.
+* The logged capacity is vLLM's: `num_gpu_blocks / cdiv(max_model_len, block_size)` requests, times
+  `max_model_len` tokens (vLLM counts the null block in it too).
 """
 
 from __future__ import annotations
@@ -43,25 +56,26 @@ CPU_AVAILABLE_RAM_FRACTION = 0.5
 class StartupReport:
     """What start-up measured and decided (kept on the engine as `LLMEngine.startup_report`)."""
 
-    num_gpu_blocks: int                 # null block included
+    num_gpu_blocks: int                 # null block included (it is one of the blocks the budget bought)
     kv_cache_bytes: int                 # the budget the blocks were cut from
     bytes_per_block: int
-    kv_cache_tokens: int                # (num_gpu_blocks - 1) x block_size
-    max_concurrency: float              # full-length requests that fit at once
+    kv_cache_tokens: int                # int(max_concurrency x max_model_len), as vLLM logs it
+    max_concurrency: float              # num_gpu_blocks / blocks per full-length request, as vLLM
     peak_activation_bytes: int          # measured by the profiling run (0 when it did not run)
     profile_seconds: float              # the profiling run's wall time
     policy: str                         # "kv_cache_memory_bytes" | "gpu_memory_utilization" | "cpu_default"
 
 
 # ------------------------------------------------------------------------ the arithmetic (unit-tested)
-def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int, max_useful_blocks: int | None = None) -> int:
-    """Blocks a budget buys, plus the null block 0; capped at `max_useful_blocks` usable blocks if given."""
+def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
+    """Whole KV blocks a budget of `budget_bytes` >= 0 buys; the null block 0 is one of them, not an extra.
+
+    vLLM: `num_blocks = available_memory // bytes_per_block` in `get_kv_cache_config_from_groups`
+    (vllm/v1/core/kv_cache_planning.py); `BlockPool` then takes block 0 from those as its null block.
+    """
     if bytes_per_block <= 0:
         raise ValueError(f"bytes_per_block must be positive, got {bytes_per_block}")
-    usable = max(0, budget_bytes) // bytes_per_block
-    if max_useful_blocks is not None:
-        usable = min(usable, max_useful_blocks)
-    return usable + 1
+    return max(0, budget_bytes) // bytes_per_block
 
 
 def gpu_kv_budget_bytes(total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
@@ -81,8 +95,15 @@ def cpu_kv_budget_bytes(available_ram_bytes: int | None, peak_activation_bytes: 
 
 
 def max_concurrency(num_gpu_blocks: int, block_size: int, max_model_len: int) -> float:
-    """How many requests of `max_model_len` tokens fit at once (vLLM logs it as 'Maximum concurrency')."""
-    return (num_gpu_blocks - 1) / cdiv(max_model_len, block_size)
+    """How many requests of `max_model_len` tokens fit at once, as vLLM logs it ('Maximum concurrency'):
+    all `num_gpu_blocks` (the null block counted, as vLLM's `get_max_concurrency_for_kv_cache_config`)
+    over the blocks one full-length request needs."""
+    return num_gpu_blocks / cdiv(max_model_len, block_size)
+
+
+def kv_cache_tokens(num_gpu_blocks: int, block_size: int, max_model_len: int) -> int:
+    """vLLM's logged 'KV cache size: N tokens' (`get_kv_cache_capacity`): max concurrency x max_model_len."""
+    return int(max_concurrency(num_gpu_blocks, block_size, max_model_len) * max_model_len)
 
 
 # ------------------------------------------------------------------------ measuring
@@ -181,23 +202,31 @@ def determine_num_kv_blocks(model: Any, config: EngineConfig, hf_config: Any, by
         peak, seconds = profile_run(model, config)
         policy, budget = "cpu_default", cpu_kv_budget_bytes(available_ram_bytes(), peak)
         cap = config.max_num_seqs * blocks_per_request
-    num_gpu_blocks = num_blocks_for_budget(budget, bytes_per_block, cap)
+    if budget <= 0:
+        raise ValueError(
+            f"No available memory for the cache blocks (budget {budget / 2**20:.1f} MiB, policy {policy}): raise "
+            "kv_cache_memory_bytes or gpu_memory_utilization")
+    num_gpu_blocks = num_blocks_for_budget(budget, bytes_per_block)
+    if cap is not None:                 # mini's CPU cap: `cap` usable blocks, plus the null block
+        num_gpu_blocks = min(num_gpu_blocks, cap + 1)
     if num_gpu_blocks - 1 < blocks_per_request:
         raise ValueError(
-            f"the KV cache budget ({budget / 2**20:.1f} MiB, policy {policy}) holds {num_gpu_blocks - 1} blocks of "
-            f"{config.block_size} tokens, but one request of max_model_len={max_model_len} tokens needs "
-            f"{blocks_per_request}: raise kv_cache_memory_bytes or gpu_memory_utilization, or lower max_model_len")
+            f"the KV cache budget ({budget / 2**20:.1f} MiB, policy {policy}) holds {num_gpu_blocks} blocks of "
+            f"{config.block_size} tokens, the null block among them, but one request of "
+            f"max_model_len={max_model_len} tokens needs {blocks_per_request} usable blocks: raise "
+            "kv_cache_memory_bytes or gpu_memory_utilization, or lower max_model_len")
     report = StartupReport(
-        num_gpu_blocks=num_gpu_blocks, kv_cache_bytes=max(0, budget), bytes_per_block=bytes_per_block,
-        kv_cache_tokens=(num_gpu_blocks - 1) * config.block_size,
+        num_gpu_blocks=num_gpu_blocks, kv_cache_bytes=budget, bytes_per_block=bytes_per_block,
+        kv_cache_tokens=kv_cache_tokens(num_gpu_blocks, config.block_size, max_model_len),
         max_concurrency=max_concurrency(num_gpu_blocks, config.block_size, max_model_len),
         peak_activation_bytes=peak, profile_seconds=seconds, policy=policy)
     if peak or seconds:
         logger.info("Memory profiling took %.2f seconds; peak activation memory %.2f MiB (%d tokens, %d seqs)",
                     seconds, peak / 2**20, min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len),
                     config.max_num_seqs)
-    logger.info("Available KV cache memory: %.2f MiB (policy %s); # KV blocks: %d", report.kv_cache_bytes / 2**20,
-                policy, num_gpu_blocks - 1)
-    logger.info("KV cache size: %s tokens", f"{report.kv_cache_tokens:,}")
-    logger.info("Maximum concurrency for %s tokens per request: %.2fx", f"{max_model_len:,}", report.max_concurrency)
+    logger.info("Available KV cache memory: %.2f MiB (policy %s); num_gpu_blocks: %d (the null block among them)",
+                report.kv_cache_bytes / 2**20, policy, num_gpu_blocks)
+    logger.info("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
+                "GPU" if on_cuda else str(config.device).split(":")[0].upper(), f"{report.kv_cache_tokens:,}",
+                f"{max_model_len:,}", report.max_concurrency)
     return report

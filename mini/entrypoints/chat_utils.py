@@ -1,8 +1,10 @@
 """Chat messages -> one prompt string, through the tokenizer's chat template.
 
-Mirrors vllm/entrypoints/chat_utils.py (`apply_hf_chat_template`, `parse_chat_messages`): vLLM checks
-the OpenAI-style messages, then renders them with the tokenizer's Jinja chat template
-(`tokenizer.apply_chat_template(..., tokenize=False)`). mini accepts text content only
+Mirrors `parse_chat_messages` in vllm/renderers/chat_utils/chat_message.py and the chat rendering of
+vllm/renderers/hf.py (`HfRenderer.render_messages`, `safe_apply_chat_template`): vLLM checks the OpenAI-style
+messages, then renders them with the tokenizer's Jinja chat template
+(`tokenizer.apply_chat_template(..., tokenize=False)`). (Before the renderers, vLLM kept both in
+`entrypoints/chat_utils.py`.) mini accepts text content only
 (a str, or a list of `{"type": "text", "text": ...}` parts, joined).
 
 A tokenizer without a chat template (the shipped tiny model has none) gets `FALLBACK_CHAT_TEMPLATE`,

@@ -49,15 +49,16 @@ class LLM:
         enable_chunked_prefill: bool = True,
         long_prefill_token_threshold: int = 0,
         enable_prefix_caching: bool = False,
-        prefix_caching_hash_algo: str = "builtin",
+        prefix_caching_hash_algo: str = "sha256",
         scheduling_policy: str = "fcfs",
         num_gpu_blocks_override: int | None = None,
         kv_cache_memory_bytes: int | None = None,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float = 0.92,
         skip_tokenizer_init: bool = False,
         attention_backend: str | None = None,
         enforce_eager: bool = False,
         max_cudagraph_capture_size: int | None = None,
+        compilation_config: int | dict[str, Any] | None = None,
         device: str = "cpu",
         dtype: str = "float32",
         seed: int = 0,
@@ -82,6 +83,7 @@ class LLM:
             attention_backend=attention_backend,
             enforce_eager=enforce_eager,
             max_cudagraph_capture_size=max_cudagraph_capture_size,
+            compilation_config=compilation_config,
             device=device,
             dtype=dtype,
             seed=seed,
@@ -219,7 +221,7 @@ class LLM:
             instances.append(BeamSearchInstance(orig_prompt, request.prompt_token_ids))
 
         eos_token_id = None if params.ignore_eos else processor.eos_token_id
-        sort_beams_key = create_sort_beams_key_function(processor.eos_token_id, params.length_penalty)
+        sort_beams_key = create_sort_beams_key_function(params.length_penalty)
         limit = concurrency_limit or max(1, len(instances))
         for start in range(0, len(instances), limit):
             batch = instances[start:start + limit]

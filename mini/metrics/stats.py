@@ -9,7 +9,9 @@ and each block's reference count. Views and tests read this, not the scheduler's
 names), again as running totals.
 
 `PrefixCacheStats` counts prefix-cache lookups as vLLM's does (`requests`, `queries` = tokens looked
-up, `hits` = tokens found cached; `reset` after `reset_prefix_cache()`). vLLM's scheduler hands over
+up, `hits` = tokens found cached, once per request when the scheduler admits it; a request resumed after
+a preemption counts in `preempted_requests` / `preempted_queries` / `preempted_hits` instead; `reset`
+after `reset_prefix_cache()`). vLLM's scheduler hands over
 the counts since its last `make_stats()` and the stat logger adds them up; mini's snapshot carries the
 running totals instead (since the engine started or the cache was last reset), which is what a view
 or a benchmark wants to read.
@@ -25,11 +27,20 @@ class PrefixCacheStats:
     """Prefix-cache lookups and hits, in tokens (vLLM: vllm/v1/metrics/stats.py, `PrefixCacheStats`)."""
 
     reset: bool = False     # the cache was reset (reset_prefix_cache) since these counts started
-    requests: int = 0       # lookups (one per `get_computed_blocks` call)
-    queries: int = 0        # tokens looked up (the requests' lengths)
+    requests: int = 0       # new requests admitted after a lookup (one each)
+    queries: int = 0        # tokens looked up (their lengths)
     hits: int = 0           # tokens found in the cache
+    preempted_requests: int = 0     # the same three for requests resumed after a preemption
+    preempted_queries: int = 0
+    preempted_hits: int = 0
 
-    def record(self, num_tokens: int, num_hits: int) -> None:
+    def record(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
+        """Add one request's lookup (vLLM: `PrefixCacheStats.record`)."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+            return
         self.requests += 1
         self.queries += num_tokens
         self.hits += num_hits
@@ -95,9 +106,9 @@ class SchedulerStats:
     block_size: int = 0
     # Prefix caching (all empty / zero when it is off):
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)  # running totals
-    block_hashes: list[int | None] = field(default_factory=list)   # hash of block 0, 1, ... (None = none)
+    block_hashes: list[bytes | None] = field(default_factory=list)   # hash of block 0, 1, ... (None = none)
     cached_block_ids: list[int] = field(default_factory=list)      # blocks a hit can resolve to now, sorted
     num_cached_tokens: dict[str, int] = field(default_factory=dict)  # each unfinished request's first hit
-    request_block_hashes: dict[str, list[int]] = field(default_factory=dict)  # each one's full-block chain
+    request_block_hashes: dict[str, list[bytes]] = field(default_factory=dict)  # each one's full-block chain
     # Speculative decoding (zero when it is off): running totals.
     spec_decoding_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)

@@ -1,9 +1,9 @@
 """Load a GGUF checkpoint: convert it ONCE into a cached Hugging Face folder, then load that folder.
 
-Mirrors vllm/model_executor/model_loader/gguf_loader.py (GGUFModelLoader). vLLM keeps the GGUF tensors
-quantized and runs quantized kernels; it takes the config and the tokenizer from the file through
-transformers' GGUF support. mini runs float weights only, so it goes one step further down the same
-road: transformers (with the `gguf` package) reads the file — config, dequantized tensors with
+Mirrors no vLLM v0.33.0 file: v0.33.0 has no GGUF model loader (older releases had `GGUFModelLoader`, in
+a `gguf_loader.py` under vllm/model_executor/model_loader/, which kept the GGUF tensors quantized, ran
+quantized kernels and took the config and the tokenizer from the file through transformers' GGUF
+support). mini runs float weights only, so it goes one step further down that road: transformers (with the `gguf` package) reads the file — config, dequantized tensors with
 llama.cpp's Q/K row permutation undone, tokenizer and chat template — and mini saves the result as an
 ordinary HF folder (`model.safetensors`, `config.json` without `quantization_config`, tokenizer files).
 From then on the GGUF model is a local folder like any other: `mini.model.loader`, `mini.tokenizer`

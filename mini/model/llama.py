@@ -245,5 +245,8 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
-        """Shape of ONE layer's cache (contract): `[2, num_blocks, block_size, num_kv_heads, head_size]`."""
+        """Shape of ONE layer's cache (contract): `[2, num_blocks, block_size, num_kv_heads, head_size]`.
+
+        vLLM v0.33.0 keeps K and V side by side instead, `[num_blocks, num_kv_heads, block_size, 2 * head_size]`
+        (see mini/attention/reference.py); each side has the same shape as here."""
         return (2, num_blocks, block_size, self.config.num_key_value_heads, self.config.head_dim)

@@ -14,6 +14,10 @@ Order of operations (as vLLM's `Sampler.forward` / `Sampler.sample`):
 
 `apply_temperature`, `apply_top_k_top_p`, `random_sample`, `apply_all_penalties` and `gather_logprobs`
 are seams (mini/seams.py). The sampler may modify `logits` in place, as vLLM's does.
+
+A structured-output grammar bitmask is applied first, before step 1: vLLM applies it in the model runner
+just before it calls the sampler (`apply_grammar_bitmask` in vllm/v1/structured_output/utils.py), so its
+raw logprobs give a disallowed token -inf too (mini's choice: the call sits inside the sampler).
 """
 
 from __future__ import annotations
@@ -85,10 +89,10 @@ class Sampler(nn.Module):
                              f"got shape {tuple(logits.shape)}")
         if logits.dtype != torch.float32:
             logits = logits.to(torch.float32)
+        if grammar_bitmask is not None:  # structured output: before anything else, raw logprobs included
+            apply_token_bitmask_inplace(logits, *grammar_bitmask)
         num_logprobs = sampling_metadata.max_num_logprobs
         raw_logprobs = None if num_logprobs is None else logprobs_ops.compute_logprobs(logits)
-        if grammar_bitmask is not None:  # structured output: before any other logit edit
-            apply_token_bitmask_inplace(logits, *grammar_bitmask)
 
         logits = self.apply_logits_processors(logits, sampling_metadata)
         sampled = self.sample(logits, sampling_metadata).to(torch.int64)

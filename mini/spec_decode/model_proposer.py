@@ -1,7 +1,8 @@
 """What the draft-model and EAGLE drafters share: a small network on its own paged KV cache.
 
-Mirrors `SpecDecodeBaseProposer` in vllm/v1/spec_decode/eagle.py (vLLM's draft_model.py builds on it). The
-drafter's cache has the target's block table: the same block ids and slots, in tensors of its own. The
+Mirrors `SpecDecodeBaseProposer` in vllm/v1/spec_decode/llm_base_proposer.py (vLLM's eagle.py and
+draft_model.py build on it). The drafter's cache has the target's block table: the same block ids and slots,
+in tensors of its own. The
 scheduler reserves k lookahead slots on every step that reaches a request's last token (the steps after
 which it drafts), so the drafts' keys and values always have a place.
 

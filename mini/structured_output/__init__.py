@@ -3,12 +3,14 @@
 The engine owns one manager. Its jobs, in vLLM's order:
 
 - `grammar_init(request)` (at add_request): submit the compilation to a worker thread and leave the
-  request in `WAITING_FOR_FSM`; the scheduler skips it until `is_grammar_ready()` (scheduler.py).
+  request in `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`; the scheduler skips it until `is_grammar_ready()`
+  (scheduler.py).
 - `grammar_bitmask(requests, scheduler_output)` (every step, after schedule): one packed int32 row
   `[ceil(vocab / 32)]` per scheduled constrained request; the sampler applies it (bitmask.py).
 - `advance(request, token_id)` (in update_from_output): feed the sampled token to the request's FSM.
   A token the grammar cannot take (a dead end, or a failed compile) finishes the request with
-  `FINISHED_GRAMMAR_DEAD_END` instead of emitting it.
+  `FINISHED_ERROR` (finish reason "error", vLLM's status when its grammar rejects a token). mini's choice:
+  the refused token is not emitted (vLLM has already appended it when `accept_tokens` fails).
 
 Preemption needs nothing special: the FSM state advances only with accepted output tokens, which a
 preempted request keeps, so it resumes exactly where it was. See README "Structured output".
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mini.structured_output.backend_mini import MiniBackend, MiniGrammar, build_checked_nfa, spec_key
+from mini.structured_output.json_schema import check_json_nesting
 from mini.structured_output.request import StructuredOutputRequest
 from mini.structured_output.token_index import bitmask_words
 
@@ -37,7 +40,13 @@ __all__ = ["GrammarOutput", "StructuredOutputManager", "StructuredOutputRequest"
 
 
 def validate_structured_outputs(params: StructuredOutputsParams) -> None:
-    """Parse the spec and check its language is not empty; ValueError naming the field (no state kept)."""
+    """Parse the spec and check its language is not empty; ValueError naming the field (no state kept).
+
+    A schema nested deeper than vLLM's MAX_STRUCTURED_OUTPUT_JSON_NESTING is refused first (as vLLM's
+    `check_json_nesting`), before anything recurses over it.
+    """
+    if params.kind == "json":
+        check_json_nesting(params.json)
     kind, spec = spec_key(params)
     try:
         build_checked_nfa(kind, spec)

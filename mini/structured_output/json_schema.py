@@ -24,6 +24,11 @@ import json
 
 # How deeply an "any JSON value" (json_object, {} or an untyped object/array) may nest objects and arrays.
 MAX_DEPTH = 2
+# vLLM's bound on a schema document: objects and arrays nested at most this deep (the value of
+# MAX_STRUCTURED_OUTPUT_JSON_NESTING in vllm/sampling_params.py, checked by `check_json_nesting` there).
+MAX_STRUCTURED_OUTPUT_JSON_NESTING = 64
+# mini's own bound: a regex longer than this is refused (an array of arrays doubles the regex per level).
+MAX_REGEX_LENGTH = 200_000
 SEPARATOR_ITEM = ", "
 SEPARATOR_KEY = ": "
 
@@ -82,14 +87,54 @@ def _array_of(item: str, min_items: int, max_items: int | None) -> str:
     return rf"\[{body}\]"
 
 
+def nesting_exceeds(document, limit: int) -> bool:
+    """Whether `document` nests dicts and lists more than `limit` levels deep (level by level, no recursion)."""
+    level = [document]
+    for _ in range(limit):
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+        if not level:
+            return False
+    return True
+
+
+def check_json_nesting(spec) -> None:
+    """ValueError when a schema (dict or JSON text) nests objects and arrays more than
+    MAX_STRUCTURED_OUTPUT_JSON_NESTING levels, as vLLM's `check_json_nesting` (vllm/sampling_params.py)."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except RecursionError:
+            spec = None  # deeper than the JSON parser itself accepts
+        except ValueError:
+            return  # malformed JSON: reported by schema_to_regex
+        else:
+            if not isinstance(spec, (dict, list)) or not nesting_exceeds(spec, MAX_STRUCTURED_OUTPUT_JSON_NESTING):
+                return
+    elif not isinstance(spec, (dict, list)) or not nesting_exceeds(spec, MAX_STRUCTURED_OUTPUT_JSON_NESTING):
+        return
+    raise ValueError(f"structured_outputs.json is nested too deeply: objects and arrays may nest at most "
+                     f"{MAX_STRUCTURED_OUTPUT_JSON_NESTING} levels (MAX_STRUCTURED_OUTPUT_JSON_NESTING)")
+
+
 def schema_to_regex(schema, depth: int = MAX_DEPTH) -> str:
     """Compile a JSON schema (dict, JSON text or True) to a regex; ValueError on unsupported input."""
+    check_json_nesting(schema)
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as error:
             raise ValueError(f"structured_outputs.json is not valid JSON: {error}") from None
-    return _compile(schema, depth, "structured_outputs.json")
+    regex = _compile(schema, depth, "structured_outputs.json")
+    _check_length(regex, "structured_outputs.json")
+    return regex
+
+
+def _check_length(regex: str, where: str) -> str:
+    if len(regex) > MAX_REGEX_LENGTH:
+        raise ValueError(f"{where} compiles to a regex longer than MAX_REGEX_LENGTH = {MAX_REGEX_LENGTH} "
+                         "characters (mini unrolls nesting into a finite automaton: nest arrays less deeply)")
+    return regex
 
 
 def _int_field(schema: dict, name: str, where: str) -> int | None:
@@ -126,7 +171,7 @@ def _compile(schema, depth: int, where: str) -> str:
     kinds = kind if isinstance(kind, list) else [kind]
     if not kinds or any(k not in TYPES for k in kinds):
         raise ValueError(f"{where}.type must be one of {', '.join(TYPES)} (or a list of them), got {kind!r}")
-    return "(?:" + "|".join(_compile_type(schema, k, depth, where) for k in kinds) + ")"
+    return _check_length("(?:" + "|".join(_compile_type(schema, k, depth, where) for k in kinds) + ")", where)
 
 
 def _compile_type(schema: dict, kind: str, depth: int, where: str) -> str:

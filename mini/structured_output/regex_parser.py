@@ -104,12 +104,17 @@ def literal(text: str) -> Concat:
 
 
 # ---------------------------------------------------------------------- the parser
+# Deepest group nesting accepted: the parser and the NFA builder recurse once per level (mini's own limit;
+# xgrammar has none), so a deeper pattern is a clear ValueError instead of a RecursionError.
+MAX_GROUP_NESTING = 100
+
 class _Parser:
     """Recursive descent: alternation > concatenation > repetition > atom."""
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.pos = 0
+        self.depth = 0  # groups open at self.pos
 
     def error(self, what: str) -> ValueError:
         return ValueError(f"regex {self.pattern!r}: {what} at position {self.pos}; supported: {SUPPORTED}")
@@ -200,10 +205,14 @@ class _Parser:
                     self.pos = close + 1
                 elif kind != ":":
                     raise self.error(f"group (?{kind}...) (look-around, flags, references) is not supported")
+            self.depth += 1
+            if self.depth > MAX_GROUP_NESTING:  # recursive descent: bound the stack, answer with a ValueError
+                raise self.error(f"groups nested more than {MAX_GROUP_NESTING} levels deep")
             node = self.alternation()
             if self.peek() != ")":
                 raise self.error("missing ')'")
             self.pos += 1
+            self.depth -= 1
             return node
         if char == "[":
             return CharSet(self.char_class())

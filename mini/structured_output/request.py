@@ -2,9 +2,9 @@
 
 `StructuredOutputRequest` holds the spec (`StructuredOutputsParams`) and, once the manager's compile
 thread is done, the request's grammar matcher. Until then `grammar` is a `Future`; the scheduler asks
-`is_grammar_ready()` and keeps the request in `WAITING_FOR_FSM` (vLLM's behaviour). A compile that
-failed on the thread yields a `FailedGrammar`, which rejects every token, so the request finishes with
-the dead-end finish reason instead of running unconstrained.
+`is_grammar_ready()` and keeps the request in `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR` (vLLM's
+behaviour). A compile that failed on the thread yields a `FailedGrammar`, which rejects every token, so
+the request finishes with `FINISHED_ERROR` (finish reason "error") instead of running unconstrained.
 """
 
 from __future__ import annotations

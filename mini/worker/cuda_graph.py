@@ -1,9 +1,18 @@
 """Decode steps replayed from CUDA graphs: static input buffers, one captured forward per batch size, padding.
 
-Mirrors vllm/v1/worker/gpu_model_runner.py (`capture_model`, `_dummy_run`, a uniform-decode batch padded up
-to the next of `cudagraph_batch_sizes`) and vllm/compilation/cuda_graph.py (`CUDAGraphWrapper`: capture once
-per batch size into one shared memory pool, then replay); vllm/config (`enforce_eager`,
-`cudagraph_capture_sizes`, `max_cudagraph_capture_size`) decides whether and what to capture.
+Mirrors vllm/v1/worker/gpu_model_runner.py (`capture_model`, `_dummy_run`: capture the largest size first,
+so the smaller graphs reuse its memory pool), vllm/v1/cudagraph_dispatcher.py (`CudagraphDispatcher.dispatch`:
+a batch padded up to the next captured size) and vllm/compilation/cuda_graph.py (`CUDAGraphWrapper`: capture
+once per size into one shared memory pool, then replay); vllm/config/compilation.py (`cudagraph_mode`,
+`cudagraph_capture_sizes`, `max_cudagraph_capture_size`) and `enforce_eager` decide whether and what to capture.
+
+**mini's choice:** a FULL graph of pure decode steps only, one per batch size counted in requests (powers of
+two up to `min(max_num_seqs, 512)`, `EngineConfig.cudagraph_capture_sizes`). vLLM v0.33.0's default
+`cudagraph_mode` is FULL_AND_PIECEWISE: a full graph for uniform decode batches and piecewise graphs
+(attention left outside) for prefill and mixed batches, with capture sizes counted in TOKENS, by default
+`[1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_cudagraph_capture_size + 1, 16))` and
+`max_cudagraph_capture_size = min(2 x max_num_seqs x (1 + num_speculative_tokens), 512)`
+(`VllmConfig._set_cudagraph_sizes` in vllm/config/vllm.py).
 
 Why: a decode step of a small batch is hundreds of tiny kernels, and launching them one by one from Python
 costs more than running them. A CUDA graph records the launches once; a replay sends them all with one call.

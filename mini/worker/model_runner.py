@@ -5,10 +5,15 @@ Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_
 
   1. `update_states`: drop finished/preempted requests, take in new ones, extend the block lists and
      set `num_computed_tokens` of cached ones; keep the persistent batch (input_batch.py) in step.
+     mini's choice: a preempted request comes in `finished_req_ids` and returns whole in
+     `scheduled_new_reqs`; vLLM v0.33.0 keeps its state and resumes it through `scheduled_cached_reqs`
+     (`resumed_req_ids`, block ids replaced rather than extended).
   2. `prepare_inputs` (prepare_inputs.py): the flat input_ids / positions / slot_mapping / block_table.
   3. forward through the model, which writes K/V into `kv_caches` and reads them back (paged attention);
      on CUDA a decode-only step replays a CUDA graph captured at start-up instead (cuda_graph.py).
-  4. logits only at `logits_indices` (each request's last scheduled token), then the sampler.
+  4. logits only at `logits_indices` (each request's last scheduled token), then the sampler (vLLM v0.33.0
+     splits the step here: `execute_model` stops after the logits, `sample_tokens` samples, so the engine
+     core can compute the grammar bitmask meanwhile; mini does both in one call).
   5. a request still in the middle of its prompt (chunked prefill) discards its sample; the others
      append the token to the runner's own copy of the request, ready to be fed next step.
 
@@ -26,6 +31,7 @@ import torch
 import mini.worker.prepare_inputs as batch_inputs
 from mini import seams
 from mini.attention.reference import AttentionMetadata
+from mini.compilation import compile_model
 from mini.sample.logits_processor import build_logitsprocs
 from mini.sample.logprobs import compute_logprobs, gather_logprobs, logprobs_to_dicts
 from mini.sample.metadata import SamplingMetadata
@@ -60,6 +66,7 @@ class ModelRunner:
         self.attention_backend = config.resolved_attention_backend()
         if model.attention_backend != self.attention_backend:
             model.set_attention_backend(self.attention_backend)
+        compile_model(model, config.compilation_mode)   # torch.compile (mini/compilation.py); mode 0: untouched
 
         shape = model.kv_cache_shape(self.num_blocks, self.block_size)
         self.kv_caches: list[torch.Tensor] = [

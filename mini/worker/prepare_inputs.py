@@ -5,6 +5,11 @@ of vllm/v1/worker/block_table.py `compute_slot_mapping`). All requests' schedule
 end in ONE flat batch, no padding; a few small tensors say where each request starts and where each
 token's K/V goes in the paged cache.
 
+mini's choice: pure functions on the CPU, in PyTorch. vLLM v0.33.0 keeps persistent buffers, builds the
+request indices, offsets and input ids on the CPU with NumPy, and computes positions, `seq_lens` and the
+slot mapping on the GPU (the slot mapping with a Triton kernel, `ComputeSlotMappingKernel`, which also pads
+the rest of its buffer with -1 for CUDA graphs). Same values.
+
 Worked example (block_size=4; three prompts; blocks [1,2], [3,4], [5]):
 
     token ids         [1,2,3,4,5]  [1,6,5,7,8,9,10]  [1,12,13]

@@ -7,6 +7,11 @@ this step). `num_computed_tokens` is the count BEFORE this step: the runner comp
 
 `EngineCoreOutput` (vLLM keeps it in vllm/v1/engine/__init__.py) is what `update_from_output`
 returns for the output processor.
+
+mini's choices: a request resumed after preemption comes back as `NewRequestData` (as vLLM does for its
+v2 model runner; for the v1 runner vLLM sends it in `CachedRequestData` with its token ids), and a
+preempted request's id is in `finished_req_ids` as well as in `preempted_req_ids`, so the runner drops its
+state through one set (vLLM keeps the two apart).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Mirrors vllm/v1/core/sched/request_queue.py: the waiting queue, FCFS or by priority.
 
 FCFS is a deque: new requests join the back, preempted ones go back to the FRONT (they were
-admitted earlier). The priority queue is a heap ordered by (priority, arrival_time): a smaller
-priority value is served first, ties by arrival, as in vLLM.
+admitted earlier). The priority queue is a heap ordered by (priority, arrival_time, request_id): a
+smaller priority value is served first, ties by arrival, then by request id, as vLLM's `Request.__lt__`
+(vllm/v1/request.py); "prepending" a preempted request is a plain push there.
 """
 
 from __future__ import annotations
@@ -64,33 +65,32 @@ class FCFSRequestQueue:
 
 
 class PriorityRequestQueue:
-    """Min-heap on (priority, arrival_time); a preempted request simply goes back into the heap."""
+    """Min-heap on (priority, arrival_time, request_id); a preempted request simply goes back into the heap."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
-        # Tie-breakers so Requests are never compared: appended requests count up, prepended ones
-        # count down, so among equal (priority, arrival_time) a preempted request is served first.
+        self._heap: list[tuple[int, float, str, int, Request]] = []
+        # The last tie-breaker (never reached: request ids are unique) keeps Requests from being compared.
         self._counter = 0
-        self._front_counter = 0
 
     def add_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.priority, request.arrival_time, self._counter, request))
+        heapq.heappush(self._heap, (request.priority, request.arrival_time, request.request_id, self._counter,
+                                    request))
         self._counter += 1
 
     def prepend_request(self, request: Request) -> None:
-        self._front_counter -= 1
-        heapq.heappush(self._heap, (request.priority, request.arrival_time, self._front_counter, request))
+        """No front in a priority queue (as vLLM): the request goes back by its (priority, arrival_time)."""
+        self.add_request(request)
 
     def peek_request(self) -> Request:
         if not self._heap:
             raise IndexError("peek_request() on an empty queue")
-        return self._heap[0][3]
+        return self._heap[0][-1]
 
     def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)[3]
+        return heapq.heappop(self._heap)[-1]
 
     def remove_request(self, request: Request) -> None:
-        self._heap = [entry for entry in self._heap if entry[3] is not request]
+        self._heap = [entry for entry in self._heap if entry[-1] is not request]
         heapq.heapify(self._heap)
 
     def __len__(self) -> int:
@@ -101,7 +101,7 @@ class PriorityRequestQueue:
 
     def __iter__(self) -> Iterator[Request]:
         """Requests in the order they would be served."""
-        return (entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3]))
+        return (entry[-1] for entry in sorted(self._heap, key=lambda entry: entry[:-1]))
 
 
 def create_request_queue(policy: str | SchedulingPolicy) -> FCFSRequestQueue | PriorityRequestQueue:

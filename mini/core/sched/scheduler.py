@@ -5,12 +5,19 @@ more tokens computed (the whole prompt at first, 1 per step while decoding), and
 out at most `max_num_batched_tokens` of them:
 
 1. RUNNING requests first, in order. If the KV pool cannot hold a request's new tokens, preempt a
-   victim (FCFS: the most recently admitted; priority: the worst (priority, arrival_time)), free
-   its blocks, send it back to the front of the waiting queue, and retry.
+   victim (FCFS: the most recently admitted; priority: the worst (priority, arrival_time), the first
+   such in `running`), free its blocks, send it back to the waiting queue, and retry. A request that
+   preempts itself ends the running pass under FCFS; under priority the pass goes on with the next one.
 2. Then, only if nobody was preempted, WAITING requests, while budget and `max_num_seqs` allow,
    starting after their prefix-cache hits.
 
-A chunked prefill is simply a request granted fewer tokens than it wants.
+A chunked prefill is simply a request granted fewer tokens than it wants; `long_prefill_token_threshold`
+caps one request's tokens per step, except when it is the only request (nobody to starve).
+
+mini's own step: blocks allocated this step to a request that is then preempted (priority policy) were
+cached at allocation but never written; mini takes them out of the prefix cache
+(`uncache_uncomputed_blocks`). vLLM v0.33.0 frees them with their hashes, so a later lookup can hit
+blocks that hold no KV.
 
 Speculative decoding adds nothing new to that rule: a running request with draft tokens wants
 `num_tokens_with_spec - num_computed_tokens` tokens (its last sampled token plus k drafts), and the drafts
@@ -43,20 +50,28 @@ if TYPE_CHECKING:
     from mini.worker.model_runner_output import ModelRunnerOutput
 
 
+# Every step that completes a request's known tokens samples one more (vLLM: `num_sampled_tokens_per_step`,
+# 0 only for pooling models, which mini does not serve).
+NUM_SAMPLED_TOKENS_PER_STEP = 1
+
+
 @seam("num_tokens_to_schedule")
 def num_tokens_to_schedule(num_tokens: int, num_computed_tokens: int, token_budget: int,
                            long_prefill_token_threshold: int, max_model_len: int) -> int:
     """How many of a request's uncomputed tokens it gets this step (0 if none fit).
 
     It wants `num_tokens - num_computed_tokens`; a positive `long_prefill_token_threshold` caps that (with
-    chunked prefill), then the budget left this step, then `max_model_len` (no token is ever placed at a
-    position >= max_model_len; the scheduler passes the smaller of max_model_len and the pool's capacity).
+    chunked prefill), then the budget left this step, then the length limit: the step samples one token
+    after the ones it computes, and that token too must sit at a position < `max_model_len`, so at most
+    `max_model_len - num_computed_tokens - 1` (vLLM: `max_model_len - num_computed_tokens -
+    num_sampled_tokens_per_step` in `Scheduler.schedule`). The scheduler passes the smaller of
+    max_model_len and the pool's capacity.
     """
     num_new_tokens = num_tokens - num_computed_tokens
     if 0 < long_prefill_token_threshold < num_new_tokens:
         num_new_tokens = long_prefill_token_threshold
     num_new_tokens = min(num_new_tokens, token_budget)
-    return max(0, min(num_new_tokens, max_model_len - num_computed_tokens))
+    return max(0, min(num_new_tokens, max_model_len - num_computed_tokens - NUM_SAMPLED_TOKENS_PER_STEP))
 
 
 @seam("select_preemption_victim")
@@ -64,11 +79,11 @@ def select_preemption_victim(running: list[Request], policy: SchedulingPolicy) -
     """The running request to preempt when the KV pool is full.
 
     FCFS: the most recently admitted (the end of `running`). PRIORITY: the worst (priority,
-    arrival_time); on a tie the most recently admitted, so the head of `running` always makes progress
-    (no livelock between equal requests).
+    arrival_time); on a tie the one earliest in `running` (Python's `max` keeps the first maximum), as
+    vLLM's `Scheduler.schedule` does in vllm/v1/core/sched/scheduler.py.
     """
     if policy is SchedulingPolicy.PRIORITY:
-        return max(reversed(running), key=lambda r: (r.priority, r.arrival_time))
+        return max(running, key=lambda r: (r.priority, r.arrival_time))
     return running[-1]
 
 
@@ -111,6 +126,8 @@ class Scheduler:
         self.running: list[Request] = []
         # Finished / aborted / preempted since the last schedule(): told to the runner next step.
         self.finished_req_ids: set[str] = set()
+        # Structured output: waiting requests whose grammar still compiles, out of the queue during schedule().
+        self._set_aside: list[Request] = []
         self.step_index = 0
         self.num_preemptions_total = 0
         # Speculative decoding: k drafts per request and step; a drafter with its own KV cache writes the
@@ -126,10 +143,13 @@ class Scheduler:
         """Queue a request. Raises ValueError (changing nothing) if it could never be scheduled."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
-        if request.num_tokens > self.max_request_len:
+        if request.num_tokens >= self.max_request_len:
+            # As vLLM's input processor (`_validate_prompt_len`): a prompt must leave a position for at least
+            # one sampled token, or its last token could never be scheduled (see num_tokens_to_schedule).
             raise ValueError(
-                f"prompt_token_ids has {request.num_tokens} tokens; at most {self.max_request_len} fit "
-                f"(max_model_len={self.max_model_len}, KV pool capacity "
+                f"prompt_token_ids has {request.num_tokens} tokens; at most {self.max_request_len - 1} fit, "
+                f"leaving one position for a sampled token (max_model_len={self.max_model_len}, KV pool "
+                f"capacity "
                 f"{(self.kv_cache_manager.block_pool.num_gpu_blocks - 1) * self.kv_cache_manager.block_size})")
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
@@ -156,6 +176,17 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting) requests (vLLM: `Scheduler.get_request_counts`); requests set aside while their
+        grammar compiles count as waiting, as they stay in vLLM's waiting queue."""
+        return len(self.running), len(self.waiting) + len(self._set_aside)
+
+    def long_prefill_token_threshold_for_step(self) -> int:
+        """The threshold of this step: 0 (no cap) when at most one request is running or waiting, as vLLM's
+        `Scheduler.schedule`: a lone request has nobody to starve, so it may use the whole budget."""
+        num_running, num_waiting = self.get_request_counts()
+        return self.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+
     def has_unfinished_requests(self) -> bool:
         return len(self.running) + len(self.waiting) > 0
 
@@ -163,10 +194,11 @@ class Scheduler:
         return len(self.running) + len(self.waiting)
 
     # ------------------------------------------------------------------ schedule
-    def _cap_new_tokens(self, num_new_tokens: int, num_computed_tokens: int, token_budget: int) -> int:
+    def _cap_new_tokens(self, num_new_tokens: int, num_computed_tokens: int, token_budget: int,
+                        long_prefill_token_threshold: int) -> int:
         """How many of the wanted tokens a request gets: threshold, budget and length caps."""
         return num_tokens_to_schedule(num_computed_tokens + num_new_tokens, num_computed_tokens, token_budget,
-                                      self.long_prefill_token_threshold, self.max_request_len)
+                                      long_prefill_token_threshold, self.max_request_len)
 
     def _lookahead(self, request: Request, num_tokens_after_step: int) -> int:
         """Speculative decoding: extra slots for a drafter's KV, never past the longest a request may get.
@@ -197,23 +229,24 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """One scheduling decision (`schedule_step`), with requests whose grammar is still compiling set aside.
 
-        vLLM's scheduler skips a `WAITING_FOR_FSM` request inside its waiting loop; mini keeps that rule here,
-        around the step, so the step itself (phase 05's exercise) needs no structured-output code: unready
+        vLLM's scheduler skips a `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR` request inside its waiting loop;
+        mini keeps that rule here, around the step, so the step itself (phase 05's exercise) needs no structured-output code: unready
         requests leave the waiting queue for the step and return to its front, in order, afterwards.
         """
-        unready = self._set_aside_unready_grammars()
+        unready = self._set_aside = self._set_aside_unready_grammars()
         try:
             return self.schedule_step()
         finally:
+            self._set_aside = []
             for request in reversed(unready):
                 self.waiting.prepend_request(request)
 
     def _set_aside_unready_grammars(self) -> list[Request]:
-        """Structured output: take WAITING_FOR_FSM requests whose grammar is not compiled out of the queue;
-        the ones whose grammar is ready become plain WAITING requests."""
+        """Structured output: take WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR requests whose grammar is not
+        compiled out of the queue; the ones whose grammar is ready become plain WAITING requests."""
         unready = []
         for request in list(self.waiting):
-            if request.status != RequestStatus.WAITING_FOR_FSM:
+            if request.status != RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
                 continue
             if request.structured_output_request.is_grammar_ready():
                 request.status = RequestStatus.WAITING
@@ -231,6 +264,7 @@ class Scheduler:
         scheduled_new: list[Request] = []
         preempted: list[Request] = []
         scheduled_spec_decode_tokens: dict[str, list[int]] = {}
+        long_prefill_token_threshold = self.long_prefill_token_threshold_for_step()
 
         # 1. Running requests, oldest first.
         req_index = 0
@@ -238,7 +272,7 @@ class Scheduler:
             request = self.running[req_index]
             num_new_tokens = self._cap_new_tokens(
                 request.num_tokens_with_spec - request.num_computed_tokens, request.num_computed_tokens,
-                token_budget)
+                token_budget, long_prefill_token_threshold)
             if num_new_tokens == 0:
                 req_index += 1
                 continue
@@ -262,12 +296,19 @@ class Scheduler:
                 if victim is request:
                     break
             if new_blocks is None:
-                break  # the request preempted itself: nothing else fits
-            # ---- speculative decoding: the drafts that fit the budget are verified; the rest are dropped
+                # The request preempted itself. FCFS: it was the last running request, nothing else fits.
+                # PRIORITY: the ones after it are more important and may fit in the blocks it just freed;
+                # it left `running`, so req_index already points at the next one (as vLLM).
+                if self.policy is SchedulingPolicy.PRIORITY:
+                    continue
+                break
+            # ---- speculative decoding: the drafts that fit the budget are verified; the rest are dropped.
+            # The request's drafts are consumed here (vLLM clears them at schedule time too): the drafter
+            # proposes the next ones after this step.
             num_scheduled_spec_tokens = request.num_computed_tokens + num_new_tokens - request.num_tokens
-            del request.spec_token_ids[max(num_scheduled_spec_tokens, 0):]
-            if request.spec_token_ids:
-                scheduled_spec_decode_tokens[request.request_id] = list(request.spec_token_ids)
+            if request.spec_token_ids and num_scheduled_spec_tokens > 0:
+                scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_scheduled_spec_tokens]
+            request.spec_token_ids = []
             # ---- end speculative decoding
             scheduled_running.append(request)
             num_scheduled_tokens[request.request_id] = num_new_tokens
@@ -283,7 +324,8 @@ class Scheduler:
                 num_new_tokens = request.num_tokens - num_hit_tokens
                 if not self.enable_chunked_prefill and num_new_tokens > token_budget:
                     break
-                num_new_tokens = self._cap_new_tokens(num_new_tokens, num_hit_tokens, token_budget)
+                num_new_tokens = self._cap_new_tokens(num_new_tokens, num_hit_tokens, token_budget,
+                                                      long_prefill_token_threshold)
                 if num_new_tokens == 0:
                     break
                 new_blocks = self.kv_cache_manager.allocate_slots(
@@ -291,6 +333,8 @@ class Scheduler:
                     hit_blocks)
                 if new_blocks is None:
                     break
+                # Counted once, at admission (vLLM: "so unscheduled lookups are not counted").
+                self.kv_cache_manager.record_prefix_cache_stats(request, num_hit_tokens)
                 self.waiting.pop_request()
                 self.running.append(request)
                 scheduled_new.append(request)
@@ -353,7 +397,9 @@ class Scheduler:
             # ---- speculative decoding: forget the KV of the rejected drafts
             scheduled_spec_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(request_id, [])
             num_accepted = 0
-            if scheduled_spec_token_ids:
+            # A step that returned no token for the request verified nothing: no rollback, no draft recorded
+            # (vLLM's `update_from_output` requires generated tokens too).
+            if scheduled_spec_token_ids and new_token_ids:
                 request.num_computed_tokens, num_accepted = rollback_spec_tokens(
                     request.num_computed_tokens, len(scheduled_spec_token_ids), len(new_token_ids))
                 self.spec_decoding_stats.observe_draft(len(scheduled_spec_token_ids), num_accepted)
@@ -364,7 +410,7 @@ class Scheduler:
                 # ---- structured output: the FSM takes the token, or the request ends here
                 refused = StructuredOutputManager.advance(request, int(token_id))
                 if refused is not None:
-                    request.status, request.stop_reason = RequestStatus.FINISHED_GRAMMAR_DEAD_END, refused
+                    request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, refused
                     is_stopped, new_token_ids = True, new_token_ids[:position]
                     break
                 # ---- end structured output
@@ -382,7 +428,9 @@ class Scheduler:
                 stopped.add(request)
                 self._free_request(request)
             elif model_runner_output.spec_token_ids is not None:  # speculative decoding: the next drafts
-                request.spec_token_ids = self._trim_drafts(request, model_runner_output.spec_token_ids[req_index])
+                request.spec_token_ids = self._accept_drafts(
+                    request, model_runner_output.spec_token_ids[req_index],
+                    is_prefill_chunk=request_id in scheduler_output.partial_prefill_req_ids)
             if new_token_ids or is_stopped or new_prompt_logprobs:
                 outputs.append(EngineCoreOutput(
                     request_id=request_id, new_token_ids=new_token_ids,
@@ -394,10 +442,16 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped]
         return outputs
 
-    def _trim_drafts(self, request: Request, draft_token_ids: list[int]) -> list[int]:
-        """Keep only drafts that can matter: none past max_model_len / the pool, none past max_tokens (the
-        step that verifies k drafts emits up to k + 1 tokens), and none while `min_tokens` still masks the
-        stop tokens (that mask depends on the position, which the verification step does not track)."""
+    def _accept_drafts(self, request: Request, draft_token_ids: list[int], is_prefill_chunk: bool) -> list[int]:
+        """The drafts proposed after this step that the next step will verify.
+
+        As vLLM's `Scheduler.update_draft_token_ids`: none for a request still in the middle of its prefill
+        (it sampled no token, whatever a drafter returned for its row). mini's own trimming on top: none past
+        max_model_len / the pool, none past max_tokens (the step that verifies k drafts emits up to k + 1
+        tokens), and none while `min_tokens` still masks the stop tokens (that mask depends on the position,
+        which mini's verification step does not track)."""
+        if is_prefill_chunk:
+            return []
         params = request.sampling_params
         if request.num_output_tokens < params.min_tokens:
             return []

@@ -10,20 +10,21 @@ from mini.seams import seam
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Decide whether the token just appended ends the request; set its status (and stop_reason).
 
-    EOS and stop_token_ids count only once `min_tokens` outputs exist (as vLLM). The length limits
-    (max_tokens, max_model_len) always apply, so a request never grows beyond max_model_len.
+    vLLM v0.33.0's order (`check_stop` in vllm/v1/core/sched/utils.py): the EOS token (unless ignore_eos),
+    then stop_token_ids, then the length limits (max_model_len, max_tokens). `min_tokens` does not gate
+    EOS or stop ids here: the MinTokensLogitsProcessor keeps them from being sampled before min_tokens
+    (vLLM's check_stop consults min_tokens only for repetition detection, which mini does not have).
     """
     params = request.sampling_params
-    if request.num_output_tokens >= params.min_tokens:
-        last_token_id = request.output_token_ids[-1]
-        eos_token_id = request.eos_token_id
-        if not params.ignore_eos and eos_token_id is not None and last_token_id == eos_token_id:
-            request.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if last_token_id in params.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = last_token_id
-            return True
+    last_token_id = request.output_token_ids[-1]
+    eos_token_id = None if params.ignore_eos else request.eos_token_id
+    if eos_token_id is not None and last_token_id == eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last_token_id in params.stop_token_ids:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last_token_id
+        return True
     max_tokens = request.max_tokens
     if request.num_tokens >= max_model_len or (max_tokens is not None and request.num_output_tokens >= max_tokens):
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED

@@ -1,1 +1,2 @@
-"""The OpenAI-compatible server (mirrors vllm/entrypoints/openai/): api_server, protocol, serving_*."""
+"""The OpenAI-compatible server (mirrors vllm/entrypoints/openai/ and vllm/entrypoints/launchers/): api_server,
+protocol, serving_*."""

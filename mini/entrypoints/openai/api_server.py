@@ -1,6 +1,9 @@
 """The OpenAI-compatible HTTP server: `python -m mini serve [MODEL] --host 127.0.0.1 --port 8000`.
 
-Mirrors vllm/entrypoints/openai/api_server.py (`build_app`, `run_server`) and vllm/entrypoints/cli/serve.py.
+Mirrors vllm/entrypoints/launchers/app.py (`build_app`), vllm/entrypoints/launchers/api_server/entry.py
+(`run_server`) and vllm/entrypoints/cli/serve.py; vllm/entrypoints/openai/api_server.py, where these lived,
+now only re-exports them (deprecated). The routes: vllm/entrypoints/openai/completion/api_router.py and its
+siblings; client disconnects: `with_cancellation` in vllm/entrypoints/serve/utils/api_utils.py.
 FastAPI routes on one `AsyncLLM` (mini/engine/async_llm.py), served by uvicorn:
 
     GET  /health               200 while the engine loop runs, 503 once it has died
@@ -194,7 +197,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                         help="bytes of KV cache (default: sized at start-up, mini/engine/startup.py)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     parser.add_argument("--enable-prefix-caching", action="store_true")
     parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
     parser.add_argument("--enforce-eager", action="store_true",

@@ -1,6 +1,10 @@
 """Pydantic models of the OpenAI API's requests and responses, and their mapping to `SamplingParams`.
 
-Mirrors vllm/entrypoints/openai/protocol.py: the OpenAI fields (`max_tokens`, `temperature`, `top_p`,
+Mirrors vllm/entrypoints/openai/completion/protocol.py (`CompletionRequest`, `CompletionResponse`, ...) and
+vllm/entrypoints/openai/chat_completion/protocol.py (`ChatCompletionRequest`), with the shared models of
+vllm/entrypoints/serve/engine/protocol.py (`ErrorResponse`, `UsageInfo`, `ModelCard`) and
+vllm/entrypoints/generate/base/protocol.py (`StreamOptions`); vLLM once kept them all in one
+`protocol.py`. The OpenAI fields (`max_tokens`, `temperature`, `top_p`,
 `n`, `stop`, `seed`, `logprobs`, `stream_options`, `response_format`, ...) plus vLLM's extra fields
 (`top_k`, `min_p`, `repetition_penalty`, `structured_outputs`, `cache_salt`, `priority`, `ignore_eos`,
 `min_tokens`, `stop_token_ids`, ...). Unknown fields are accepted and ignored, as vLLM does (it logs them).

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: messages in, an assistant message out, whole or streamed.
 
-Mirrors vllm/entrypoints/openai/serving_chat.py (OpenAIServingChat). The messages are checked and
+Mirrors vllm/entrypoints/openai/chat_completion/serving.py (`OpenAIServingChat`). The messages are checked and
 rendered by mini/entrypoints/chat_utils.py, as `LLM.chat` does: with the request's `chat_template`, else
 the tokenizer's own (SmolLM2's ChatML template, for instance), else `FALLBACK_CHAT_TEMPLATE`, the
 documented one-line-per-message template the shipped tiny model gets:

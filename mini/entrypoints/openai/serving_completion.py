@@ -1,6 +1,6 @@
 """POST /v1/completions: prompts in, text out, whole or as server-sent events.
 
-Mirrors vllm/entrypoints/openai/serving_completion.py (OpenAIServingCompletion). `prompt` may be a
+Mirrors vllm/entrypoints/openai/completion/serving.py (`OpenAIServingCompletion`). `prompt` may be a
 string, a list of strings, a list of token ids or a list of such lists; each prompt is one engine
 request `cmpl-<id>-<i>`, and its `n` samples are choices `i * n + sample index`, as in vLLM. Streamed,
 every engine output becomes one `text_completion` chunk per sample that has new text; the last chunk

@@ -1,7 +1,8 @@
 """What the completion and chat handlers share: model check, errors, starting streams, SSE framing.
 
-Mirrors vllm/entrypoints/openai/serving_engine.py (OpenAIServing: `_check_model`,
-`create_error_response`, `create_streaming_error_response`) and vllm/utils `merge_async_iterators`.
+Mirrors vllm/entrypoints/serve/engine/serving.py (`BaseServing._check_model`, `BaseServing.create_error_response`),
+vllm/entrypoints/generate/base/serving.py (`GenerateBaseServing.create_streaming_error_response`) and
+vllm/utils/async_utils.py (`merge_async_iterators`); vLLM's older `OpenAIServing` held them in one class.
 
 Streams are started with `start_streams`: it awaits each request's FIRST output before the handler
 answers, so a request the engine refuses (prompt too long, token id out of vocabulary, a duplicate id)

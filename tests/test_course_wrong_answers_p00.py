@@ -1,0 +1,73 @@
+"""Phase 00's checks reject plausible wrong answers (each fails with a message that locates the bug)."""
+
+import pytest
+from course_fidelity import Wrong, assert_wrong_fails, wrong_params
+
+NO_CACHE_PASSED = '''
+def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
+    out = model(input_ids=torch.tensor([list(prompt_token_ids)]), use_cache=True)
+    new_tokens = [int(out.logits[0, -1].argmax())]
+    while len(new_tokens) < max_new_tokens:
+        out = model(input_ids=torch.tensor([[new_tokens[-1]]]), use_cache=True)
+        new_tokens.append(int(out.logits[0, -1].argmax()))
+    return new_tokens
+'''
+
+WHOLE_SEQUENCE_WITH_CACHE = '''
+def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
+    ids, cache, new_tokens = list(prompt_token_ids), None, []
+    for _ in range(max_new_tokens):
+        out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+        cache = out.cache
+        new_tokens.append(int(out.logits[0, -1].argmax()))
+        ids.append(new_tokens[-1])
+    return new_tokens
+'''
+
+ONE_CALL_TOO_MANY = '''
+def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
+    out = model(input_ids=torch.tensor([list(prompt_token_ids)]), use_cache=True)
+    new_tokens = [int(out.logits[0, -1].argmax())]
+    for _ in range(max_new_tokens):
+        out = model(input_ids=torch.tensor([[new_tokens[-1]]]), cache=out.cache, use_cache=True)
+        new_tokens.append(int(out.logits[0, -1].argmax()))
+    return new_tokens[:max_new_tokens]
+'''
+
+WRONG = [
+    # kv_bytes_per_block
+    Wrong("kv_bytes_per_block", "no factor 2 for K and V",
+          edit=("return 2 * hf_config.num_hidden_layers", "return hf_config.num_hidden_layers"),
+          expect="(the factor 2)"),
+    Wrong("kv_bytes_per_block", "query heads instead of KV heads",
+          edit=('num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads',
+                "num_kv_heads = num_heads"), expect="grouped-query attention"),
+    Wrong("kv_bytes_per_block", "head_dim ignored",
+          edit=('head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads',
+                "head_size = hf_config.hidden_size // num_heads"), expect="when the config sets it"),
+    Wrong("kv_bytes_per_block", "per token, not per block",
+          edit=("hf_config.num_hidden_layers * config.block_size *", "hf_config.num_hidden_layers *"),
+          expect="a block holds block_size tokens"),
+    # generate_naive
+    Wrong("generate_naive", "returns the prompt too",
+          edit=("    return new_tokens\n", "    return ids\n"), expect="return ONLY the new token ids"),
+    Wrong("generate_naive", "feeds only the newest token",
+          edit=("logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits",
+                "logits = model(input_ids=torch.tensor([ids[-1:] if new_tokens else ids]), use_cache=False).logits"),
+          expect="the WHOLE sequence so far"),
+    Wrong("generate_naive", "one step too few",
+          edit=("for _ in range(max_new_tokens):", "for _ in range(max_new_tokens - 1):"),
+          expect="token ids fed to the model at each call"),
+    # generate_with_kv_cache
+    Wrong("generate_with_kv_cache", "the cache is not passed back", source=NO_CACHE_PASSED,
+          expect="must pass the `cache`"),
+    Wrong("generate_with_kv_cache", "the whole sequence fed with the cache", source=WHOLE_SEQUENCE_WITH_CACHE,
+          expect="feed ONLY the newest token"),
+    Wrong("generate_with_kv_cache", "one model call too many", source=ONE_CALL_TOO_MANY,
+          expect="one call per token"),
+]
+
+
+@pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("00_autoregressive_loop", WRONG))
+def test_wrong_answer_fails_its_check(assignment_id, wrong):
+    assert_wrong_fails(assignment_id, wrong)

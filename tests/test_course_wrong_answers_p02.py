@@ -1,0 +1,77 @@
+"""Phase 02's checks reject plausible wrong answers (each fails with a message that locates the bug)."""
+
+import pytest
+from course_fidelity import Wrong, assert_wrong_fails, wrong_params
+
+PER_TOKEN_POSITIONS = '''
+def compute_positions(num_computed_tokens, num_scheduled_tokens):
+    return torch.tensor([start + offset for start, count in zip(num_computed_tokens, num_scheduled_tokens)
+                         for offset in range(count)], dtype=torch.int64)
+'''
+
+PER_TOKEN_SLOTS = '''
+def compute_slot_mapping(block_table, req_indices, positions, block_size):
+    table = block_table.tolist()
+    return torch.tensor([table[r][p // block_size] * block_size + p % block_size
+                         for r, p in zip(req_indices.tolist(), positions.tolist())], dtype=torch.int64)
+'''
+
+CAT_PER_REQUEST = '''
+def prepare_inputs(token_ids, num_computed_tokens, num_scheduled_tokens, block_ids, block_size):
+    input_ids = torch.cat([torch.tensor(tokens[start:start + count])
+                           for tokens, start, count in zip(token_ids, num_computed_tokens, num_scheduled_tokens)])
+    query_start_loc = prep.compute_query_start_loc(num_scheduled_tokens)
+    positions = prep.compute_positions(num_computed_tokens, num_scheduled_tokens)
+    counts = torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int64)
+    req_indices = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    block_table = make_block_table(block_ids)
+    seq_lens = [s + c for s, c in zip(num_computed_tokens, num_scheduled_tokens)]
+    return PreparedInputs(
+        input_ids=input_ids, positions=positions, query_start_loc=query_start_loc,
+        seq_lens=torch.as_tensor(seq_lens, dtype=torch.int32),
+        slot_mapping=prep.compute_slot_mapping(block_table, req_indices, positions, block_size),
+        block_table=block_table, logits_indices=query_start_loc[1:].long() - 1)
+'''
+
+WRONG = [
+    Wrong("compute_query_start_loc", "no leading 0",
+          edit=("torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(counts, 0).to(torch.int32)])",
+                "torch.cumsum(counts, 0).to(torch.int32)"),
+          expect="compute_query_start_loc: wrong result"),
+    Wrong("compute_query_start_loc", "int64 offsets",
+          edit=("torch.cumsum(counts, 0).to(torch.int32)", "torch.cumsum(counts, 0).long()"),
+          expect="dtype"),
+    Wrong("compute_positions", "per-token Python loop", source=PER_TOKEN_POSITIONS, expect="is vectorized"),
+    Wrong("compute_positions", "ignores num_computed_tokens",
+          edit=("return computed[req_indices] + offsets", "return offsets"), expect="compute_positions: wrong"),
+    Wrong("compute_positions", "offsets restart at the cumsum, not the first row",
+          edit=("first_row = torch.cumsum(scheduled, 0) - scheduled", "first_row = torch.cumsum(scheduled, 0)"),
+          expect="compute_positions: wrong"),
+    Wrong("compute_slot_mapping", "per-token Python loop", source=PER_TOKEN_SLOTS, expect="is vectorized"),
+    Wrong("compute_slot_mapping", "block id not scaled by block_size",
+          edit=("return block_numbers * block_size + positions", "return block_numbers + positions"),
+          expect="compute_slot_mapping: wrong result"),
+    Wrong("compute_slot_mapping", "block index and offset swapped",
+          edit=("block_table[req_indices.long(), positions // block_size]",
+                "block_table[req_indices.long(), positions % block_size]"),
+          expect="`compute_slot_mapping` raised"),
+    Wrong("compute_slot_mapping", "int32 slots",
+          edit=("return block_numbers * block_size + positions % block_size",
+                "return (block_numbers * block_size + positions % block_size).int()"),
+          expect="dtype"),
+    Wrong("prepare_inputs", "input ids are the last n tokens",
+          edit=("for token in tokens[start:start + count]", "for token in tokens[-count:]"),
+          expect="prepare_inputs(...).input_ids"),
+    Wrong("prepare_inputs", "seq_lens without the cached tokens",
+          edit=("seq_lens = [start + count for", "seq_lens = [count for"), expect="prepare_inputs(...).seq_lens"),
+    Wrong("prepare_inputs", "logits at each request's first row",
+          edit=("logits_indices=query_start_loc[1:].long() - 1", "logits_indices=query_start_loc[:-1].long()"),
+          expect="prepare_inputs(...).logits_indices"),
+    Wrong("prepare_inputs", "torch.cat of per-request tensors fails on an empty batch", source=CAT_PER_REQUEST,
+          expect="`prepare_inputs` raised"),
+]
+
+
+@pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("02_slot_mapping", WRONG))
+def test_wrong_answer_fails_its_check(assignment_id, wrong):
+    assert_wrong_fails(assignment_id, wrong)

@@ -1,0 +1,134 @@
+"""Plausible wrong answers to phase 06 (the engine loop and I/O): each must fail its check, saying where."""
+
+from __future__ import annotations
+
+import pytest
+from course_fidelity import Wrong, assert_wrong_fails, wrong_params
+
+WRONG = [
+    # detokenize_incrementally
+    Wrong("detokenize_incrementally", "emits text ending in an unfinished character",
+          edit=("len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR)",
+                "len(new_text) <= len(prefix_text)"),
+          expect="detokenize_incrementally"),
+    Wrong("detokenize_incrementally", "keeps the old prefix offset",
+          edit=("return new_text[len(prefix_text):], read_offset, len(tokens)",
+                "return new_text[len(prefix_text):], prefix_offset, len(tokens)"),
+          expect="detokenize_incrementally"),
+    Wrong("detokenize_incrementally", "decodes the new token alone",
+          source='''
+          def detokenize_incrementally(tokenizer, tokens, prefix_offset, read_offset):
+              new_text = tokenizer.convert_tokens_to_string(tokens[read_offset:])
+              if not new_text or new_text.endswith(REPLACEMENT_CHAR):
+                  return "", prefix_offset, read_offset
+              return new_text, read_offset, len(tokens)
+          ''', expect="leading space"),
+    # check_stop_strings: any rule other than vLLM's (earliest end, then list order)
+    Wrong("check_stop_strings", "smallest start wins",
+          edit=("index + len(stop_str) < best[0]):\n            best = (index + len(stop_str), index, stop_str)",
+                "index < best[1]):\n            best = (index + len(stop_str), index, stop_str)"),
+          expect="ENDS earliest"),
+    Wrong("check_stop_strings", "last in the list wins a tie",
+          edit=("index + len(stop_str) < best[0]):", "index + len(stop_str) <= best[0]):"),
+          expect="listed first"),
+    Wrong("check_stop_strings", "no tie-break: the longest stop string wins a tie",
+          source='''
+          def check_stop_strings(output_text, new_char_count, stop, include_in_output):
+              if not new_char_count or not stop:
+                  return None
+              matches = []
+              for stop_str in stop:
+                  start = max(len(output_text) - new_char_count - len(stop_str) + 1, 0)
+                  index = output_text.find(stop_str, start)
+                  if index != -1:
+                      matches.append((index + len(stop_str), -len(stop_str), index, stop_str))
+              if not matches:
+                  return None
+              end, _, index, stop_str = min(matches)
+              if not include_in_output:
+                  return stop_str, index
+              return stop_str, (-1 if end >= len(output_text) else end)
+          ''', expect="listed first"),
+    Wrong("check_stop_strings", "first stop string of the list that matches wins",
+          source='''
+          def check_stop_strings(output_text, new_char_count, stop, include_in_output):
+              if not new_char_count or not stop:
+                  return None
+              for stop_str in stop:
+                  start = max(len(output_text) - new_char_count - len(stop_str) + 1, 0)
+                  index = output_text.find(stop_str, start)
+                  if index != -1:
+                      end = index + len(stop_str)
+                      if not include_in_output:
+                          return stop_str, index
+                      return stop_str, (-1 if end >= len(output_text) else end)
+              return None
+          ''', expect="ENDS earliest"),
+    Wrong("check_stop_strings", "searches only the new text (misses a straddling stop string)",
+          edit=("start = max(len(output_text) - new_char_count - len(stop_str) + 1, 0)",
+                "start = len(output_text) - new_char_count"),
+          expect="straddle"),
+    Wrong("check_stop_strings", "never returns -1 for an included stop string at the very end",
+          edit=("return stop_str, (-1 if end >= len(output_text) else end)", "return stop_str, end"),
+          expect="-1 if that is the very end"),
+    # check_stop
+    Wrong("check_stop", "min_tokens checked before EOS (older vLLM order)",
+          source='''
+          def check_stop(request, max_model_len):
+              params = request.sampling_params
+              if request.num_output_tokens >= (params.min_tokens or 0):
+                  last_token_id = request.output_token_ids[-1]
+                  if not params.ignore_eos and last_token_id == request.eos_token_id:
+                      request.status = RequestStatus.FINISHED_STOPPED
+                      return True
+                  if last_token_id in (params.stop_token_ids or ()):
+                      request.status = RequestStatus.FINISHED_STOPPED
+                      request.stop_reason = last_token_id
+                      return True
+              if request.num_tokens >= max_model_len or (
+                      request.max_tokens is not None and request.num_output_tokens >= request.max_tokens):
+                  request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                  return True
+              return False
+          ''', expect="min_tokens plays no part"),
+    Wrong("check_stop", "length limits checked before EOS",
+          source='''
+          def check_stop(request, max_model_len):
+              params = request.sampling_params
+              last_token_id = request.output_token_ids[-1]
+              if request.num_tokens >= max_model_len or (
+                      request.max_tokens is not None and request.num_output_tokens >= request.max_tokens):
+                  request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                  return True
+              if not params.ignore_eos and last_token_id == request.eos_token_id:
+                  request.status = RequestStatus.FINISHED_STOPPED
+                  return True
+              if last_token_id in (params.stop_token_ids or ()):
+                  request.status = RequestStatus.FINISHED_STOPPED
+                  request.stop_reason = last_token_id
+                  return True
+              return False
+          ''', expect="only then num_tokens >= max_model_len"),
+    Wrong("check_stop", "no stop_reason for a stop token id",
+          edit=("        request.stop_reason = last_token_id\n", ""), expect="stop_reason"),
+    Wrong("check_stop", "ignore_eos also ignores the stop token ids",
+          edit=("    if last_token_id in (params.stop_token_ids or ()):",
+                "    if not params.ignore_eos and last_token_id in (params.stop_token_ids or ()):"),
+          expect="check_stop"),
+    # step
+    Wrong("step", "never finishes requests stopped by a stop string in the scheduler",
+          edit=("        self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)\n",
+                "        pass\n"),
+          expect="finish_requests"),
+    Wrong("step", "drops the outputs left pending by abort_request",
+          edit=("    return outputs + request_outputs", "    return request_outputs"),
+          expect="step"),
+    Wrong("step", "pending outputs after the new ones",
+          edit=("    return outputs + request_outputs", "    return request_outputs + outputs"),
+          expect="step"),
+]
+
+
+@pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("06_engine_loop", WRONG))
+def test_wrong_answer_fails_its_check(assignment_id, wrong):
+    assert_wrong_fails(assignment_id, wrong)

@@ -1,0 +1,81 @@
+"""Plausible wrong answers to phase 08 (the vectorized sampler): each must fail its check, saying where."""
+
+from __future__ import annotations
+
+import pytest
+from course_fidelity import Wrong, assert_wrong_fails, wrong_params
+
+WRONG = [
+    # apply_temperature
+    Wrong("apply_temperature", "no guard for greedy rows (divides by 0)",
+          edit=("    if not all_random:\n        temperature = torch.where(temperature < SAMPLING_EPS, 1.0, temperature)\n",
+                ""),
+          expect="never by 0"),
+    Wrong("apply_temperature", "multiplies by the temperature",
+          edit=("return logits.div_(", "return logits.mul_("), expect="divide each row"),
+    Wrong("apply_temperature", "divides the columns, not the rows",
+          edit=("temperature.to(logits.dtype).unsqueeze(1)", "temperature.to(logits.dtype).mean()"),
+          expect="its own temperature"),
+    # apply_top_k_top_p
+    Wrong("apply_top_k_top_p", "top-p cut with < where the rule is <=",
+          edit=("drop = cumulative <= drop_threshold", "drop = cumulative < drop_threshold"),
+          expect="(<=, not <)"),
+    Wrong("apply_top_k_top_p", "no p < 1 guard (drops an underflowing token at p = 1)",
+          edit=("drop_threshold = torch.where(p >= 1.0, -1.0, 1.0 - p).unsqueeze(1)",
+                "drop_threshold = (1.0 - p).unsqueeze(1)"),
+          expect="underflows to 0"),
+    Wrong("apply_top_k_top_p", "top-k drops the ties of the k-th value",
+          edit=("sorted_logits < kth_largest", "sorted_logits <= kth_largest"), expect="k-th largest"),
+    Wrong("apply_top_k_top_p", "the most likely token is not always kept",
+          edit=("        drop[:, -1] = False\n", ""), expect="always keeps the most likely"),
+    Wrong("apply_top_k_top_p", "a Python loop over rows",
+          source='''
+          def apply_top_k_top_p(logits, k, p):
+              vocab_size = logits.shape[1]
+              for row in range(logits.shape[0]):
+                  values = logits[row]
+                  if k is not None and 0 < int(k[row]) < vocab_size:
+                      kth = values.topk(int(k[row])).values[-1]
+                      values.masked_fill_(values < kth, -float("inf"))
+                  if p is not None and float(p[row]) < 1.0:
+                      sorted_values, index = values.sort()
+                      cumulative = sorted_values.softmax(-1).cumsum(-1)
+                      drop = cumulative <= 1.0 - float(p[row])
+                      drop[-1] = False
+                      values[index[drop]] = -float("inf")
+              return logits
+          ''', expect="branch-free"),
+    # random_sample
+    Wrong("random_sample", "seeded rows drawn from the global generator",
+          edit=("        exponentials_(noise[row], generator)\n", "        exponentials_(noise[row])\n"),
+          expect="seeded rows"),
+    Wrong("random_sample", "multiplies by the noise instead of dividing",
+          edit=("return probs.div_(noise)", "return probs.mul_(noise)"), expect="argmax(probs / race)"),
+    Wrong("random_sample", "torch.multinomial, ignoring the generators",
+          source='''
+          def random_sample(probs, generators):
+              return torch.multinomial(probs, 1).view(-1)
+          ''', expect="seeded rows"),
+    # gather_logprobs
+    Wrong("gather_logprobs", "rank counts only strictly larger logprobs",
+          edit=("ranks = (logprobs >= token_logprobs).sum(dim=-1)", "ranks = (logprobs > token_logprobs).sum(dim=-1)"),
+          expect="selected_token_ranks"),
+    Wrong("gather_logprobs", "no sampled-token column",
+          source='''
+          def gather_logprobs(logprobs, num_logprobs, token_ids):
+              if num_logprobs == -1:
+                  num_logprobs = logprobs.shape[-1]
+              token_ids = token_ids.to(torch.int64).view(-1, 1)
+              ranks = (logprobs >= logprobs.gather(-1, token_ids)).sum(dim=-1)
+              top_logprobs, top_ids = logprobs.topk(max(num_logprobs, 1), dim=-1)
+              return LogprobsTensors(top_ids, top_logprobs, ranks)
+          ''', expect="column 0: the sampled token"),
+    Wrong("gather_logprobs", "num_logprobs = -1 not handled",
+          edit=("    if num_logprobs == -1:\n        num_logprobs = logprobs.shape[-1]\n", ""),
+          expect="num_logprobs is -1"),
+]
+
+
+@pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("08_sampler", WRONG))
+def test_wrong_answer_fails_its_check(assignment_id, wrong):
+    assert_wrong_fails(assignment_id, wrong)

@@ -1,0 +1,74 @@
+"""Phase 14's checks reject plausible wrong answers (each fails with a message that locates the bug)."""
+
+import pytest
+from course_fidelity import Wrong, assert_wrong_fails, wrong_params
+
+LINEAR_SCAN = '''
+def find_breaking_component(components, is_exact):
+    if not components or is_exact(list(components)):
+        return None
+    for name in components:
+        if not is_exact([name]):
+            return name
+    return None
+'''
+
+NO_WHOLE_SET_QUESTION = '''
+def find_breaking_component(components, is_exact):
+    suspects = list(components)
+    if not suspects:
+        return None
+    while len(suspects) > 1:
+        half = suspects[: len(suspects) // 2]
+        suspects = half if not is_exact(half) else suspects[len(half):]
+    return suspects[0]
+'''
+
+SORTED_PHASES = '''
+def phase_scores(results):
+    scores = {}
+    for result in results:
+        earned, possible = scores.get(result.phase, (0, 0))
+        if result.outcome != "skipped":
+            possible += result.points
+            if result.outcome == "passed":
+                earned += result.points
+        scores[result.phase] = (earned, possible)
+    return dict(sorted(scores.items()))
+'''
+
+WRONG = [
+    # first_divergence
+    Wrong("first_divergence", "a prefix counts as equal",
+          edit=("        if len(want) != len(have):\n            return index, min(len(want), len(have))\n", ""),
+          expect="the length of the shorter one"),
+    Wrong("first_divergence", "the longer length as the position",
+          edit=("return index, min(len(want), len(have))", "return index, max(len(want), len(have))"),
+          expect="the length of the shorter one"),
+    Wrong("first_divergence", "token position and prompt index swapped",
+          edit=("                return index, position", "                return position, index"),
+          expect="(prompt index, token position)"),
+    # find_breaking_component
+    Wrong("find_breaking_component", "one component at a time", source=LINEAR_SCAN,
+          expect="halve the suspects"),
+    Wrong("find_breaking_component", "never asks about the whole set", source=NO_WHOLE_SET_QUESTION,
+          expect="first ask about the whole set"),
+    Wrong("find_breaking_component", "keeps the exact half",
+          edit=("suspects = half if not is_exact(half) else suspects[len(half):]",
+                "suspects = half if is_exact(half) else suspects[len(half):]"),
+          expect="keep the half that is still not exact"),
+    # phase_scores
+    Wrong("phase_scores", "skipped counted as possible",
+          edit=('        if result.outcome != "skipped":\n            possible += result.points\n            if',
+                '        possible += result.points\n        if True:\n            if'),
+          expect="skipped counts toward neither"),
+    Wrong("phase_scores", "phases sorted by name", source=SORTED_PHASES, expect="in order of first appearance"),
+    Wrong("phase_scores", "failed results earn their points",
+          edit=('if result.outcome == "passed":', 'if result.outcome != "not implemented":'),
+          expect="passed earns its points, other outcomes 0"),
+]
+
+
+@pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("14_capstone", WRONG))
+def test_wrong_answer_fails_its_check(assignment_id, wrong):
+    assert_wrong_fails(assignment_id, wrong)
