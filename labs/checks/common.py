@@ -18,9 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from torch.overrides import TorchFunctionMode
+
 from labs.course.answers import NotImplementedYet
 
-__all__ = ["NotImplementedYet", "calling", "counterexample", "expect_equal", "passed"]
+__all__ = ["CountTorchCalls", "NotImplementedYet", "calling", "counterexample", "expect_equal", "passed"]
 
 _MAX_REPR = 600
 
@@ -161,3 +163,16 @@ def tiny_llama_config(vocab_size: int, hidden_size: int, initializer_range: floa
         "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
     }
     return transformers.LlamaConfig(**{**settings, **overrides})
+
+
+class CountTorchCalls(TorchFunctionMode):
+    """`with CountTorchCalls() as counter:` counts the torch functions called inside: the vectorization guards
+    (a loop over rows or tokens makes the count grow with the batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))

@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini.sample.logprobs import gather_logprobs as reference_gather_logprobs
 from mini.sample.ops.topk_topp import apply_top_k_top_p as reference_top_k_top_p
@@ -100,16 +99,6 @@ def check_apply_temperature(apply_temperature: Callable, seeds: Iterable[int] = 
 
 
 # ---------------------------------------------------------------- top-k / top-p
-class _CountTorchCalls(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _top_k_top_p_cases(
     seeds: Iterable[int],
 ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
@@ -185,7 +174,7 @@ def _count_calls(apply_top_k_top_p: Callable, num_rows: int) -> int:
     logits = torch.randn(num_rows, 50, generator=rng)
     k = torch.randint(1, 50, (num_rows,), generator=rng)
     p = torch.rand(num_rows, generator=rng) * 0.9 + 0.05
-    with _CountTorchCalls() as counter:
+    with CountTorchCalls() as counter:
         apply_top_k_top_p(logits, k, p)
     return counter.count
 

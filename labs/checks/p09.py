@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini.sample.logits_processor.builtin import MinTokensLogitsProcessor as ReferenceMinTokens
 from mini.sample.logits_processor.interface import BatchUpdate, LogitsProcessorConfig, MoveDirectionality
@@ -114,16 +113,6 @@ def _penalty_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
     return cases
 
 
-class _CountTorchCalls(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _count_penalty_calls(apply_all_penalties: Callable, num_rows: int) -> int:
     rng = torch.Generator().manual_seed(num_rows)
     vocab_size = 50
@@ -135,7 +124,7 @@ def _count_penalty_calls(apply_all_penalties: Callable, num_rows: int) -> int:
         torch.rand(num_rows, generator=rng),
         torch.rand(num_rows, generator=rng) + 0.5,
     )
-    with _CountTorchCalls() as counter:
+    with CountTorchCalls() as counter:
         apply_all_penalties(*args)
     return counter.count
 

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini import seams
 from mini.structured_output import bitmask as _bitmask  # noqa: F401  (registers its seam)
@@ -198,16 +197,6 @@ def check_apply_token_bitmask_inplace(candidate: Callable, seeds: Iterable[int] 
     passed("check_apply_token_bitmask_inplace", num_cases + 1)
 
 
-class _CountTorchCalls(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _count_bitmask_calls(candidate: Callable, num_rows: int, vocab_size: int) -> int:
     rng = random.Random(vocab_size)
     pack = _reference("pack_allowed")
@@ -215,7 +204,7 @@ def _count_bitmask_calls(candidate: Callable, num_rows: int, vocab_size: int) ->
                                          for _ in range(num_rows)]))
     logits = torch.randn(2 * num_rows, vocab_size, generator=torch.Generator().manual_seed(num_rows))
     indices = torch.arange(0, 2 * num_rows, 2)
-    with _CountTorchCalls() as counter:
+    with CountTorchCalls() as counter:
         candidate(logits, bitmask, indices)
     return counter.count
 
