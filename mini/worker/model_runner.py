@@ -79,6 +79,10 @@ class ModelRunner:
             engine_config=config, max_num_reqs=int(config.max_num_seqs),
         )
         self.sampler = Sampler()
+        # The last step's SamplingMetadata and the request states it was built for: reused while the batch is
+        # unchanged (vLLM's InputBatch keeps its sampling tensors persistent and refreshes them only when a
+        # BatchUpdate changed the rows). Output token lists are held by reference, so they stay current.
+        self._sampling_metadata_cache: tuple[list[CachedRequestState], SamplingMetadata] | None = None
         # Speculative decoding: proposes each request's next drafts after every step (None: off).
         self.drafter = None
         if config.speculative_config is not None:
@@ -246,6 +250,15 @@ class ModelRunner:
                 torch.tensor(rows, dtype=torch.int64, device=self.device))
 
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+        cached = self._sampling_metadata_cache
+        if cached is not None and len(cached[0]) == len(states) and all(
+                a is b for a, b in zip(cached[0], states)):
+            return cached[1]
+        metadata = self._build_sampling_metadata(states)
+        self._sampling_metadata_cache = (list(states), metadata)
+        return metadata
+
+    def _build_sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
         return SamplingMetadata.build(
             params=[state.sampling_params for state in states],
             prompt_token_ids=[state.prompt_token_ids for state in states],
