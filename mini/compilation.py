@@ -10,7 +10,8 @@ mini takes `compilation_config` as an int (the mode) or a dict `{"mode": N}`:
 * 0, `NONE` (mini's default): eager PyTorch.
 * 3, `VLLM_COMPILE`: `torch.compile` (inductor; on a CPU its C++ backend) of `LlamaForCausalLM.forward` with a
   dynamic token dimension, every attention backend call left out of the graph (`torch.compiler.disable`), so a
-  step of any batch size reuses the same compiled pieces (no recompilation per step). vLLM's own mode 3 adds
+  step of any batch size reuses the same compiled pieces (no recompilation per step; torch.compile specializes a
+  dimension of size 1, so the first one-token step compiles once more). vLLM's own mode 3 adds
   custom fusion passes and caches the compiled artifacts on disk; mini does neither.
 
 vLLM's modes 1 and 2 (stock torch.compile, a single Dynamo trace) are rejected with the list of the modes mini

@@ -13,21 +13,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 
-from mini.bench.engine import Workload, machine_line, make_workload, spread
-
-
-def run(llm, workload: Workload) -> tuple[float, list[list[int]]]:
-    from mini import SamplingParams
-
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-              for n in workload.output_lens]
-    start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in workload.prompts], params, use_tqdm=False)
-    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
+from mini.bench.engine import Workload, generate_greedy, machine_line, make_workload, spread
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,17 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     eager = LLM(**common)
     compiled = LLM(compilation_config=3, **common)
     workload = make_workload(eager.get_tokenizer(), num_prompts, tuple(args.prompt_len), tuple(args.output_len), 0)
-    warm_up = Workload(workload.prompts[:4], [8] * 4)
+    warm_up = Workload(workload.prompts[:4], [8] * len(workload.prompts[:4]))
     print(machine_line(torch.get_num_threads(), args.device))
     print(f"workload: {num_prompts} prompts, {workload.num_output_tokens} output tokens; {args.device} {dtype}")
-    eager_first = run(eager, warm_up)[0]
-    compile_seconds = run(compiled, warm_up)[0] - eager_first
+    eager_first = generate_greedy(eager, warm_up)[0]
+    compile_seconds = generate_greedy(compiled, warm_up)[0] - eager_first
     print(f"compile: {compile_seconds:.1f} s (first compiled run minus an eager one)")
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
     identical = True
     for round_index in range(args.rounds):
-        eager_time, eager_out = run(eager, workload)
-        compiled_time, compiled_out = run(compiled, workload)
+        eager_time, eager_out = generate_greedy(eager, workload)
+        compiled_time, compiled_out = generate_greedy(compiled, workload)
         times["eager"].append(eager_time)
         times["compiled"].append(compiled_time)
         identical = identical and eager_out == compiled_out

@@ -105,6 +105,17 @@ def run_mini(llm, workload: Workload, record_steps: bool = False) -> tuple[float
     return time.perf_counter() - start, recorded
 
 
+def generate_greedy(llm, workload: Workload) -> tuple[float, list[list[int]]]:
+    """`LLM.generate` over the workload (greedy, EOS ignored, exact output lengths): seconds and token ids."""
+    from mini import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+              for n in workload.output_lens]
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in workload.prompts], params, use_tqdm=False)
+    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
+
+
 def replay_model_only(llm, recorded: list) -> float:
     """Time the model's forward + logits alone over the batches the engine ran."""
     runner = llm.llm_engine.model_runner

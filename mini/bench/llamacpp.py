@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from mini.bench.engine import Workload, machine_line, make_workload, spread
+from mini.bench.engine import Workload, generate_greedy, machine_line, make_workload, spread
 
 INSTALL_HINT = ("llama-cpp-python is not installed: `pip install -e '.[llamacpp]'` builds it from its source "
                 "package (a C++ compiler and cmake are needed; about 10 minutes on 2 cores)")
@@ -59,16 +59,6 @@ def run_llamacpp(llama, workload: Workload) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - start, outputs
 
 
-def run_mini(llm, workload: Workload) -> tuple[float, list[list[int]]]:
-    from mini import SamplingParams
-
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-              for n in workload.output_lens]
-    start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in workload.prompts], params, use_tqdm=False)
-    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
-
-
 def agreement(a: list[list[int]], b: list[list[int]]) -> int:
     return sum(x == y for x, y in zip(a, b))
 
@@ -95,17 +85,17 @@ def compare(args: argparse.Namespace) -> int:
     print(f"workload: {args.num_prompts} prompts, {workload.num_prompt_tokens} prompt tokens, "
           f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); weights: {gguf_path} "
           f"(llama.cpp computes on Q4_1 as stored; mini on the same values dequantized to float32)")
-    run_mini(llm, Workload(workload.prompts[:2], [4, 4]))        # warm-up, both
+    generate_greedy(llm, Workload(workload.prompts[:2], [4, 4]))        # warm-up, both
     run_llamacpp(llama, Workload(workload.prompts[:2], [4, 4]))
     times: dict[str, list[float]] = {"mini": [], "llamacpp": [], "mini_ttft": [], "llamacpp_ttft": []}
     same = 0
     for round_index in range(args.rounds):
-        mini_time, mini_out = run_mini(llm, workload)
+        mini_time, mini_out = generate_greedy(llm, workload)
         llama_time, llama_out = run_llamacpp(llama, workload)
         times["mini"].append(mini_time)
         times["llamacpp"].append(llama_time)
         times["mini_ttft"].append(statistics.median(
-            run_mini(llm, Workload([p], [1]))[0] for p in first_prompts.prompts))
+            generate_greedy(llm, Workload([p], [1]))[0] for p in first_prompts.prompts))
         times["llamacpp_ttft"].append(statistics.median(
             run_llamacpp(llama, Workload([p], [1]))[0] for p in first_prompts.prompts))
         same = agreement(mini_out, llama_out)
