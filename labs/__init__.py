@@ -1,7 +1,7 @@
 """The course beside the engine: everything a learner and an instructor use, none of which `mini` imports.
 
 - `labs.checks.pNN`: each phase's checks and its table of exercises (`PHASE`, see `labs.manifest`);
-- `labs.plug`: run the engine with the learner's code in its seams (`labs/plugging.py`);
+- `labs.plug`: build the engine with the learner's code as parts of its roles (`labs/plugging.py`, `mini/roles.py`);
 - `labs.assemble`: every answer of every phase notebook plugged at once: the learner's whole engine, with a
   report of which parts are theirs (`labs/assemble.py`, the capstone);
 - `labs.views`: the widgets and plots the notebooks draw;

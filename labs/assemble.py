@@ -3,7 +3,7 @@
     from mini import LLM, SamplingParams
     from labs import assemble
 
-    with assemble() as engine_parts:   # every answer you wrote, installed in the engine's seams
+    with assemble() as engine_parts:   # every answer you wrote, installed in the engine's roles
         llm = LLM()                    # build the engine INSIDE: the classes it builds (block queue, ...) are yours
         outputs = llm.generate(["def add(a, b):"], SamplingParams(temperature=0.0, max_tokens=8))
     engine_parts.report                # one Component per exercise: what the engine ran, and why
@@ -12,13 +12,13 @@
 cells, then each answer cell on its own), so a cell that does not parse or raises costs only its own
 exercises. For each exercise of each phase table (labs/checks/pNN.py) it decides what the engine runs:
 
-- `learner`: the answer is written and loaded; it is plugged into the exercise's seam (mini/seams.py);
+- `learner`: the answer is written and loaded; it is plugged into the exercise's part of an engine role (mini/roles.py);
 - `reference (untouched)`: the answer is still the release stub (its body raises NotImplementedError);
 - `reference (unfinished: NotImplementedError in ...)`: a class with some methods still stubs;
 - `reference (failed to load: ...)`: the cell did not parse or raised while defining it, with the error;
 - `reference (needs Triton: ...)`: a Triton kernel exercise on a machine where Triton cannot run;
-- `reference (no notebook: ...)`, `reference (no seam ...)`: the phase is missing, or the engine lacks the seam;
-- `not pluggable`: the exercise has no seam (a helper, an entry-point function); its code is still loaded,
+- `reference (no notebook: ...)`, `reference (no part ...)`: the phase is missing, or the engine lacks the part;
+- `not pluggable`: the exercise writes no part (a helper, an entry-point function); its code is still loaded,
   graded by `check()` and reported, with `(untouched)` / `(failed to load: ...)` when that applies.
 
 The status always starts with what the engine runs (`learner`, `reference`) or `not pluggable`; the
@@ -206,7 +206,7 @@ class Component:
 
     phase: str                  # assignment id, e.g. "10_prefix_caching"
     exercise: str               # what the answer cell defines, e.g. "hash_block_tokens"
-    seam: str | None            # the mini.seams name it fills (None: not pluggable)
+    part: str | None            # the part of an engine role it writes (mini/roles.py; None: not pluggable)
     status: str                 # "learner", "reference (why)" or "not pluggable[ (why)]"
     implementation: Any = None  # the learner's object when it is written and loaded (plugged or not)
     points: int = 0
@@ -224,11 +224,11 @@ class Component:
 
     @property
     def name(self) -> str:
-        """The name a subset is selected by: the seam where there is one, else the exercise."""
-        return self.seam or self.exercise
+        """The name a subset is selected by: the part where there is one, else the exercise."""
+        return self.part or self.exercise
 
 
-def _components_of(phase: Phase, notebooks_dir: Path, seams_available: set[str],
+def _components_of(phase: Phase, notebooks_dir: Path, parts_available: set[str],
                    triton_reason: str | None) -> list[Component]:
     path = notebooks_dir / phase.assignment_id / f"{phase.assignment_id}.ipynb"
     answers, notebook_error = None, None
@@ -244,17 +244,17 @@ def _components_of(phase: Phase, notebooks_dir: Path, seams_available: set[str],
                 notebook_error = f"failed to load: setup cell: {_first_line(answers.setup_error)}"
     components = []
     for exercise in phase.exercises:
-        row = Component(phase.assignment_id, exercise.name, exercise.seam, "", points=exercise.points,
+        row = Component(phase.assignment_id, exercise.name, exercise.part, "", points=exercise.points,
                         check=exercise.check, needs_triton=exercise.needs_triton)
         why, implementation = _why_not_learner(exercise.name, answers, notebook_error)
-        if exercise.seam is None:
+        if exercise.part is None:
             status = NOT_PLUGGABLE if why is None else f"{NOT_PLUGGABLE} ({why})"
         elif why is not None:
             status = f"reference ({why})"
         elif exercise.needs_triton and triton_reason is not None:
             status = f"reference (needs Triton: {triton_reason})"
-        elif exercise.seam not in seams_available:
-            status = f"reference (no seam {exercise.seam!r} in this engine)"
+        elif exercise.part not in parts_available:
+            status = f"reference (no part {exercise.part!r} in this engine)"
         else:
             status = LEARNER
         components.append(replace(row, status=status, implementation=implementation))
@@ -400,13 +400,13 @@ class EngineParts:
 
     @property
     def replacements(self) -> dict[str, Any]:
-        """seam name -> the learner's object, for every `learner` component."""
-        return {c.seam: c.implementation for c in self.learner}
+        """part name -> the learner's object, for every `learner` component."""
+        return {c.part: c.implementation for c in self.learner}
 
     def component(self, name: str) -> Component:
-        """The component whose seam or exercise is `name` (an exercise name shared by two phases: the first)."""
+        """The component whose part or exercise is `name` (an exercise name shared by two phases: the first)."""
         for component in self.report:
-            if name in (component.seam, component.exercise):
+            if name in (component.part, component.exercise):
                 return component
         raise KeyError(f"no component named {name!r}")
 
@@ -421,7 +421,7 @@ class EngineParts:
 
     # -- plugging
     def plugged(self, names: Iterable[str] | None = None) -> contextlib.AbstractContextManager[None]:
-        """Plug the learner components named in `names` (seam names; None: all of them) for a `with` block."""
+        """Plug the learner components named in `names` (part names; None: all of them) for a `with` block."""
         from labs.plugging import plug
 
         replacements = self.replacements
@@ -443,12 +443,12 @@ class EngineParts:
         self._plugs.pop().close()
 
     def with_replaced(self, **replacements: Any) -> EngineParts:
-        """A copy in which each named seam runs the given object instead (a deliberately broken part, say)."""
+        """A copy in which each named part runs the given object instead (a deliberately broken part, say)."""
         report = list(self.report)
-        for seam_name, replacement in replacements.items():
-            index = next((i for i, c in enumerate(report) if c.seam == seam_name), None)
+        for part_name, replacement in replacements.items():
+            index = next((i for i, c in enumerate(report) if c.part == part_name), None)
             if index is None:
-                raise ValueError(f"no component fills seam {seam_name!r}")
+                raise ValueError(f"no component fills part {part_name!r}")
             report[index] = replace(report[index], status=LEARNER, implementation=replacement)
         return EngineParts(self.notebooks_dir, report)
 
@@ -458,16 +458,16 @@ class EngineParts:
         """Run each component's phase check on the learner's code (`seeds`: as the checks take them).
 
         Untouched components are "not implemented" without running; Triton exercises where Triton cannot
-        run are "skipped". For a plain function with a seam, the time spent inside it during its check is
+        run are "skipped". For a plain function that is a part, the time spent inside it during its check is
         compared with the reference's time on the same cases (the check run again on the reference).
-        `only`: the seam or exercise names to check (default: every component)."""
-        from mini import seams
+        `only`: the part or exercise names to check (default: every component)."""
+        from mini import roles
 
         seeds = list(seeds)
         wanted = None if only is None else set(only)
         card = ReportCard()
         for component in self.report:
-            if wanted is not None and not wanted & {component.seam, component.exercise}:
+            if wanted is not None and not wanted & {component.part, component.exercise}:
                 continue
             base = CheckResult(component.phase, component.exercise, component.points, "not implemented")
             if component.needs_triton and _triton_unusable_reason() is not None:
@@ -481,11 +481,11 @@ class EngineParts:
                 continue
             outcome, message, learner_s = _run_check(component.check, component.implementation, seeds)
             reference_s = None
-            if (outcome == "passed" and learner_s is not None and time_reference and component.seam
-                    and component.seam in seams.names() and inspect.isfunction(seams.reference(component.seam))):
+            if (outcome == "passed" and learner_s is not None and time_reference and component.part
+                    and component.part in roles.part_names() and inspect.isfunction(roles.reference(component.part))):
                 # The first run also warmed up what the cases touch (allocator, lazy imports, caches): time the
                 # reference now, then the learner again, and keep the learner's faster run.
-                ref_outcome, _, reference_s = _run_check(component.check, seams.reference(component.seam), seeds)
+                ref_outcome, _, reference_s = _run_check(component.check, roles.reference(component.part), seeds)
                 reference_s = reference_s if ref_outcome == "passed" else None
                 again_outcome, _, again_s = _run_check(component.check, component.implementation, seeds)
                 if again_outcome == "passed" and again_s is not None:
@@ -497,17 +497,17 @@ class EngineParts:
 
     # -- display
     def _rows(self) -> list[tuple[str, ...]]:
-        return [(c.phase, c.exercise, c.seam or "-", c.status) for c in self.report]
+        return [(c.phase, c.exercise, c.part or "-", c.status) for c in self.report]
 
     def __str__(self) -> str:
-        return self.summary() + "\n" + _text_table(("phase", "exercise", "seam", "status"), self._rows())
+        return self.summary() + "\n" + _text_table(("phase", "exercise", "part", "status"), self._rows())
 
     def __repr__(self) -> str:
         return f"<EngineParts {self.summary()}>"
 
     def _repr_html_(self) -> str:
         colors = {LEARNER: "#d9f2d9", "reference": "#eeeeee", NOT_PLUGGABLE: "#e8eef8"}
-        table = _html_table(("phase", "exercise", "seam", "status"), self._rows(),
+        table = _html_table(("phase", "exercise", "part", "status"), self._rows(),
                             lambda row: "#f8d0d0" if "failed" in row[3] else colors.get(row[3].split(" (")[0], ""))
         return f"<p>{html.escape(self.summary())}</p>{table}"
 
@@ -524,13 +524,13 @@ def assemble(notebooks_dir: str | os.PathLike | None = None, *, include_capstone
 
     folder = _resolve_notebooks_dir(notebooks_dir)
     phases, broken = _phase_tables()
-    seams_available = set(lab_names())
+    parts_available = set(lab_names())
     triton_reason = _triton_unusable_reason()
     report: list[Component] = []
     for phase in phases:
         if phase.assignment_id.endswith("_capstone") and not include_capstone:
             continue
-        report += _components_of(phase, folder, seams_available, triton_reason)
+        report += _components_of(phase, folder, parts_available, triton_reason)
     for module_name, error in broken:
         report.append(Component(module_name, "*", None, f"reference (phase table failed to load: {_first_line(error)})"))
     return EngineParts(folder, report)

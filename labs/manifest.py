@@ -2,7 +2,7 @@
 
 Each `labs/checks/pNN.py` ends with a `PHASE = Phase(...)` table. Everything else is generated from it:
 the lab tests (`labs/test_labs.py`, one parametrised test per exercise), the names `labs.plug` accepts,
-and the consistency tests that hold the table, the notebook's nbgrader cells and the engine's seams
+and the consistency tests that hold the table, the notebook's nbgrader cells and the engine's roles
 together (tests/test_course_manifest.py). Adding a phase means: the notebook, its checks module with
 its table, and the README's phase map.
 """
@@ -24,7 +24,7 @@ class Exercise:
     check: Callable[..., None]  # check(candidate, seeds=...) -> None, raises AssertionError on a mismatch
     points: int            # the points of its nbgrader test cell
     grade_id: str          # the grade id of that test cell
-    seam: str | None = None  # the mini.seams name it replaces inside the engine (None: not pluggable)
+    part: str | None = None  # the part of an engine role it writes (mini/roles.py; None: not pluggable)
     needs_triton: bool = False  # graded only where Triton runs (Linux x86_64)
 
 
@@ -58,13 +58,13 @@ def all_phases() -> list[Phase]:
     return phases
 
 
-def seam_exercises() -> dict[str, Exercise]:
-    """seam name -> the exercise that replaces it (each seam belongs to exactly one exercise)."""
+def part_exercises() -> dict[str, Exercise]:
+    """part name -> the exercise that writes it (each part belongs to exactly one exercise)."""
     found: dict[str, Exercise] = {}
     for phase in all_phases():
         for exercise in phase.exercises:
-            if exercise.seam is not None:
-                if exercise.seam in found:
-                    raise ValueError(f"seam {exercise.seam!r} is claimed by two exercises")
-                found[exercise.seam] = exercise
+            if exercise.part is not None:
+                if exercise.part in found:
+                    raise ValueError(f"part {exercise.part!r} is claimed by two exercises")
+                found[exercise.part] = exercise
     return found

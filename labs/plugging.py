@@ -1,48 +1,36 @@
-"""Run the real engine with a learner's implementation in place of the reference one.
+"""Build the real engine with a learner's implementation in place of the reference one.
 
     from mini import LLM, SamplingParams
     from labs import plug
 
     with plug(FreeKVCacheBlockQueue=MyQueue, get_new_blocks=my_get_new_blocks):
-        llm = LLM(num_gpu_blocks_override=64)          # built inside: the pool uses MyQueue
-        outs = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=8))
+        llm = LLM(num_gpu_blocks_override=64)          # built inside: its block pool uses MyQueue
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=8))
 
-Each keyword is a seam of the engine (mini/seams.py: the few named places it lets another
-implementation stand in, as vLLM's op registry does); the phase tables in labs/checks/pNN.py say which
-exercise fills which seam. Nothing is monkeypatched: `plug` installs the replacements in the engine's
-registry for the `with` block and takes them out afterwards, even after an error.
+Each keyword is a part of one of the engine's roles (mini/roles.py: the few places where it lets an
+implementation be chosen, as vLLM picks an op's or an attention backend's implementation when the model
+is built); the phase tables in labs/checks/pNN.py say which exercise writes which part. Nothing is
+monkeypatched and nothing is looked up per call: an engine *built* inside the `with` block chooses the
+parts once, at construction, and keeps them; one built outside (or before) keeps the reference.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
-from mini import seams
-
-# Modules whose import registers seams; the Triton ones only where Triton imports.
-_SEAM_MODULES = ("mini.engine.llm_engine", "mini.attention.reference")
-_TRITON_SEAM_MODULE = "mini.attention.triton_paged"
-
-
-def _register_all_seams() -> None:
-    for module_name in _SEAM_MODULES:
-        importlib.import_module(module_name)
-    with contextlib.suppress(ImportError):
-        importlib.import_module(_TRITON_SEAM_MODULE)
+from mini import roles
 
 
 def lab_names() -> list[str]:
-    """Every name `plug` accepts: the engine's seams."""
-    _register_all_seams()
-    return seams.names()
+    """Every name `plug` accepts: the parts of the engine's roles."""
+    return roles.part_names()
 
 
 @contextlib.contextmanager
 def plug(**replacements: Any) -> Iterator[None]:
-    """Replace the engine's implementation of each named seam inside the `with` block."""
+    """Every engine built inside the `with` block uses these parts in place of its own."""
     names = lab_names()
     unknown = sorted(set(replacements) - set(names))
     if unknown:
@@ -51,5 +39,5 @@ def plug(**replacements: Any) -> Iterator[None]:
         if not callable(replacement):
             raise TypeError(f"plug({name}=...) needs a function, a class or a kernel, "
                             f"got {type(replacement).__name__}")
-    with seams.override(**replacements):
+    with roles.use(**replacements):
         yield

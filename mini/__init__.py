@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mini import roles  # the roles an implementation may be chosen for (no engine module is imported)
+
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "roles"]
 
 if TYPE_CHECKING:
     from mini.entrypoints.llm import LLM

@@ -9,12 +9,13 @@ interactively (mini/entrypoints/chat_cli.py), serve it over an OpenAI-compatible
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-from mini.config import ATTENTION_BACKENDS
+from mini.config import add_engine_arguments, cli_engine_args
 
+# The engine arguments `generate` takes, each generated from its EngineConfig field (mini/config.py).
+GENERATE_ENGINE_ARGS = ("speculative_config", "device", "dtype", "block_size", "attention_backend", "enforce_eager")
 BENCHMARKS = {
     "engine": "mini.bench.engine",
     "sampler": "mini.bench.sampler",
@@ -46,13 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--n", type=int, default=1)
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--speculative-config", type=json.loads, default=None,
-                     help='JSON, as vLLM\'s, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
-    gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", default="float32")
-    gen.add_argument("--block-size", type=int, default=16)
-    gen.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
-    gen.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (CPU always runs eager)")
+    add_engine_arguments(gen, GENERATE_ENGINE_ARGS)
 
     sub.add_parser("chat", add_help=False,
                    help="interactive chat that streams replies: `chat [MODEL] [--help | options]`")
@@ -85,9 +80,7 @@ def run_generate(args: argparse.Namespace) -> int:
             n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
         )
-        llm = LLM(model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-                  speculative_config=args.speculative_config)
+        llm = LLM(model=args.model, **cli_engine_args(args, GENERATE_ENGINE_ARGS))
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
     except (ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -3,22 +3,31 @@
 Mirrors vllm/config/ (CacheConfig, SchedulerConfig, ModelConfig), collapsed into one small dataclass:
 vLLM spreads these over several config classes joined in `VllmConfig`; a single-process teaching engine
 needs only the fields below, with the same names as vLLM's engine arguments (vllm/engine/arg_utils.py).
+
+The fields are the one list of engine arguments: `LLM(model, **engine_args)` checks its keywords against
+them (`engine_config_from_args`), and the command lines build their flags from them (`add_engine_arguments`:
+name, default, help and choices from each field's metadata), as vLLM's `EngineArgs.add_cli_args` does.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from mini.attention import ATTENTION_BACKEND_MODULES
 from mini.compilation import CompilationMode, parse_compilation_mode
 from mini.core.sched.request_queue import SchedulingPolicy
+from mini.model.registry import SHIPPED_MODEL_DIR, resolve_model_dir
 from mini.spec_decode.config import SpeculativeConfig
 
-SHIPPED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama"
-SHIPPED_DRAFT_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-llama-draft"
+SHIPPED_DRAFT_MODEL_DIR = SHIPPED_MODEL_DIR.parent / "tiny-llama-draft"  # beside the shipped model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SCHEDULING_POLICIES = tuple(policy.value for policy in SchedulingPolicy)
@@ -34,38 +43,58 @@ DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
 class EngineConfig:
     """The engine arguments `LLM(...)` accepts (names as in vLLM's EngineArgs)."""
 
-    model: str | None = None
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    enable_prefix_caching: bool = False
-    prefix_caching_hash_algo: str = "sha256"     # vLLM's default; the *_cbor / xxhash ones need cbor2 / xxhash
-    scheduling_policy: str = "fcfs"
-    num_gpu_blocks_override: int | None = None
+    model: str | None = field(default=None, metadata={
+        "help": "local HF folder, .gguf file or offline hub id (default: the shipped tiny model)"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
+    max_num_seqs: int = field(default=64, metadata={"help": "most requests running in one step"})
+    max_num_batched_tokens: int = field(default=512, metadata={"help": "most tokens scheduled in one step"})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "longest prompt + output, in tokens (default: the model's max_position_embeddings)"})
+    enable_chunked_prefill: bool = field(default=True, metadata={
+        "help": "split a long prompt's prefill over several steps"})
+    long_prefill_token_threshold: int = field(default=0, metadata={
+        "help": "most prefill tokens one request gets per step (0: no cap)"})
+    enable_prefix_caching: bool = field(default=False, metadata={
+        "help": "reuse the KV blocks of a prompt prefix already computed"})
+    prefix_caching_hash_algo: str = field(default="sha256", metadata={
+        "help": "block hash (vLLM's default sha256; the *_cbor / xxhash ones need cbor2 / xxhash)",
+        "choices": PREFIX_CACHING_HASH_ALGOS})
+    scheduling_policy: str = field(default="fcfs", metadata={
+        "help": "the waiting queue's order", "choices": SCHEDULING_POLICIES})
+    num_gpu_blocks_override: int | None = field(default=None, metadata={
+        "help": "KV blocks in the pool, the null block included (default: sized at start-up)"})
     # KV-cache budget (mini/engine/startup.py `determine_num_kv_blocks`): bytes for the KV cache, or on CUDA
     # the fraction of the GPU's memory the engine may use (weights + activations + KV), as vLLM's.
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float = 0.92     # vLLM v0.33.0 CacheConfig default
-    skip_tokenizer_init: bool = False
-    attention_backend: str | None = None
+    kv_cache_memory_bytes: int | None = field(default=None, metadata={
+        "help": "bytes of KV cache (default: sized at start-up, mini/engine/startup.py)"})
+    gpu_memory_utilization: float = field(default=0.92, metadata={   # vLLM v0.33.0 CacheConfig default
+        "help": "on CUDA: the fraction of the GPU's memory the engine may use (weights + activations + KV)"})
+    skip_tokenizer_init: bool = field(default=False, metadata={
+        "help": "load no tokenizer (prompts must be token ids; outputs carry no text)"})
+    attention_backend: str | None = field(default=None, metadata={
+        "help": "attention implementation (default: torch_fast on CPU, triton on CUDA)",
+        "choices": ATTENTION_BACKENDS})
     # CUDA graphs for decode steps (mini/worker/cuda_graph.py; vllm/config/compilation.py): captured at start-up
     # on CUDA with the triton backend unless `enforce_eager`, for the batch sizes `cudagraph_capture_sizes`
     # (powers of two below `max_cudagraph_capture_size`, plus it; None: min(max_num_seqs, 512)). CPU runs eager.
-    enforce_eager: bool = False
-    max_cudagraph_capture_size: int | None = None
+    enforce_eager: bool = field(default=False, metadata={
+        "help": "no CUDA graphs for decode (default: captured at start-up on CUDA; CPU always runs eager)"})
+    max_cudagraph_capture_size: int | None = field(default=None, metadata={
+        "help": "largest decode batch captured as a CUDA graph (default: min(max_num_seqs, 512))"})
     # torch.compile of the model's forward (mini/compilation.py): an int mode or {"mode": N}, as vLLM's
     # compilation_config; None or 0: eager (mini's default), 3: compiled, split at attention.
-    compilation_config: int | dict | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    logits_processors: list = field(default_factory=list)
+    compilation_config: int | dict | None = field(default=None, metadata={
+        "help": "torch.compile of the forward: a mode (0: eager, 3: compiled) or JSON {\"mode\": N}"})
+    device: str = field(default="cpu", metadata={"help": "'cpu' or 'cuda[:N]'"})
+    dtype: str = field(default="float32", metadata={"help": "weights and activations", "choices": tuple(DTYPES)})
+    seed: int = field(default=0, metadata={"help": "the engine's random seed"})
+    logits_processors: list = field(default_factory=list, metadata={
+        "help": "custom LogitsProcessor classes (Python only)", "cli": False})
     # Speculative decoding, as vLLM's `speculative_config` dict (mini/spec_decode/config.py); parsed into a
     # SpeculativeConfig here, so after construction it is a SpeculativeConfig or None.
-    speculative_config: dict | SpeculativeConfig | None = None
+    speculative_config: dict | SpeculativeConfig | None = field(default=None, metadata={
+        "help": "speculative decoding, as vLLM's: JSON, e.g. '{\"method\": \"ngram\", "
+                "\"num_speculative_tokens\": 3}' (methods: ngram, draft_model, eagle)"})
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
@@ -148,8 +177,6 @@ class EngineConfig:
         """The local folder the weights come from: the shipped tiny model when `model` is None, a local HF
         folder, or the cached conversion of a .gguf file or of a hub id available offline
         (mini/model/registry.py; a GGUF is converted once, on first use)."""
-        from mini.model.registry import resolve_model_dir
-
         return resolve_model_dir(self.model)
 
     @property
@@ -171,3 +198,60 @@ class EngineConfig:
         if self.attention_backend is not None:
             return self.attention_backend
         return "triton" if str(self.device).startswith("cuda") else "torch_fast"
+
+
+# ---------------------------------------------------------------------------- engine arguments
+ENGINE_ARG_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EngineConfig))
+
+
+def engine_config_from_args(**engine_args: Any) -> EngineConfig:
+    """`EngineConfig(**engine_args)`, refusing a name that is not an engine argument with the list of those."""
+    unknown = [name for name in engine_args if name not in ENGINE_ARG_NAMES]
+    if unknown:
+        raise TypeError(f"unknown engine argument(s) {', '.join(map(repr, unknown))}; the engine arguments "
+                        f"are: {', '.join(ENGINE_ARG_NAMES)}")
+    if engine_args.get("logits_processors") is None:   # LLM(logits_processors=None): none, as vLLM's
+        engine_args.pop("logits_processors", None)
+    else:
+        engine_args["logits_processors"] = list(engine_args["logits_processors"])
+    return EngineConfig(**engine_args)
+
+
+def _cli_type(config_field: dataclasses.Field) -> Callable[[str], Any] | None:
+    """How a flag's text becomes the field's value, from its annotation (None: a bool switch)."""
+    annotation = str(config_field.type)
+    if "dict" in annotation:
+        return json.loads          # '{"method": "ngram"}'; a bare 3 reads as the int 3
+    for prefix, convert in (("bool", None), ("int", int), ("float", float), ("str", str)):
+        if annotation.startswith(prefix):
+            return convert
+    raise TypeError(f"EngineConfig.{config_field.name}: no command-line form for {annotation!r}")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> argparse.ArgumentParser:
+    """Add a `--flag-name` per engine argument in `names`: default, help and choices from its field.
+
+    A bool field defaulting to False is a switch (`--enable-prefix-caching`); one defaulting to True takes
+    `--x` / `--no-x`. The values land under the field's name (`args.max_num_seqs`): `cli_engine_args`.
+    """
+    by_name = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    for name in names:
+        config_field = by_name[name]
+        if config_field.metadata.get("cli") is False:
+            raise ValueError(f"EngineConfig.{name} has no command-line form")
+        flag = "--" + name.replace("_", "-")
+        help_text = config_field.metadata.get("help", "")
+        convert = _cli_type(config_field)
+        if convert is None:
+            action = "store_true" if config_field.default is False else argparse.BooleanOptionalAction
+            parser.add_argument(flag, dest=name, action=action, default=config_field.default, help=help_text)
+            continue
+        parser.add_argument(flag, dest=name, type=convert, default=config_field.default,
+                            choices=config_field.metadata.get("choices"),
+                            help=help_text if "default" in help_text else f"{help_text} (default: %(default)s)")
+    return parser
+
+
+def cli_engine_args(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The engine arguments `names` out of parsed command-line `args`."""
+    return {name: getattr(args, name) for name in names}

@@ -17,8 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mini import seams
-from mini.attention import cpu_paged, get_attention_backend
+from mini import roles
+from mini.attention import attention_backend_class, build_attention_backend, cpu_paged
 from mini.attention import reference as ref
 from mini.config import EngineConfig
 from mini.utils import cdiv
@@ -190,8 +190,9 @@ def test_the_plan_is_built_once_per_step_and_rebuilt_for_the_next():
     assert cpu_paged.get_plan(next_step, kv_cache, query) is not first
 
 
-def test_a_plugged_reference_seam_takes_over():
-    """While phase 03's functions are replaced (labs `plug`), the fast backend runs them instead."""
+def test_an_engine_replacing_a_reference_part_builds_the_reference_backend():
+    """Choices that replace one of phase 03's functions (labs `plug`) make "torch_fast" build the reference
+    backend holding them, decided once when the engine is built; a gather_kv reaches the prefill loop."""
     query, kv_cache, metadata = build_batch([(1, 9), (4, 4)], num_kv_heads=1, group_size=2, head_size=8,
                                             block_size=4)
     calls = []
@@ -205,20 +206,27 @@ def test_a_plugged_reference_seam_takes_over():
 
     def my_gather_kv(cache_side, block_ids, seq_len):
         calls.append("gather_kv")
-        return ref.gather_kv.__wrapped__(cache_side, block_ids, seq_len)
+        return ref.gather_kv(cache_side, block_ids, seq_len)
 
-    with seams.override(paged_attention=my_paged_attention, store_kv=my_store_kv):
-        cpu_paged.store_kv(query[:, :1], query[:, :1], kv_cache, torch.tensor([1, 2, 3, 4, 5]))
-        assert torch.equal(cpu_paged.paged_attention(query, kv_cache, metadata, 1.0), torch.full_like(query, 7.0))
-    with seams.override(gather_kv=my_gather_kv):  # only the prefill loop of the reference gathers
-        torch.testing.assert_close(cpu_paged.paged_attention(query, kv_cache, metadata, 1.0),
-                                   ref.paged_attention.__wrapped__(query, kv_cache, metadata, 1.0))
+    assert attention_backend_class("torch_fast") is cpu_paged.CpuAttentionBackend
+    backend = build_attention_backend("torch_fast", roles.choose({"paged_attention": my_paged_attention,
+                                                                  "store_kv": my_store_kv}))
+    assert isinstance(backend, ref.ReferenceAttentionBackend)
+    assert backend.replaced_parts == {"paged_attention", "store_kv"}
+    backend.store_kv(query[:, :1], query[:, :1], kv_cache, torch.tensor([1, 2, 3, 4, 5]))
+    assert torch.equal(backend.paged_attention(query, kv_cache, metadata, 1.0), torch.full_like(query, 7.0))
+    backend = build_attention_backend("torch_fast", roles.choose({"gather_kv": my_gather_kv}))
+    torch.testing.assert_close(backend.paged_attention(query, kv_cache, metadata, 1.0),  # the reference's own
+                               ref.paged_attention(query, kv_cache, metadata, 1.0))
     assert calls[:2] == ["store_kv", "paged_attention"] and set(calls[2:]) == {"gather_kv"}
+    # the fast backend itself holds no replacement: an engine built without choices runs it
+    assert type(build_attention_backend("torch_fast")) is cpu_paged.CpuAttentionBackend
 
 
 def test_backend_names_and_cpu_default():
-    assert get_attention_backend("torch_fast") is cpu_paged
-    assert get_attention_backend("torch") is ref  # phase 03's readable functions stay reachable by name
+    assert type(build_attention_backend("torch_fast")) is cpu_paged.CpuAttentionBackend
+    assert type(build_attention_backend("torch")) is ref.ReferenceAttentionBackend  # phase 03's functions
+    assert ref.ReferenceAttentionBackend.paged_attention is ref.paged_attention
     assert EngineConfig().resolved_attention_backend() == "torch_fast"  # the CPU default
     assert EngineConfig(attention_backend="torch").resolved_attention_backend() == "torch"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mini.bench import engine, profile
+from mini.bench import profile, workload
 
 
 def test_ops_are_grouped_by_name_and_unknown_ones_fall_in_other():
@@ -16,8 +16,8 @@ def test_ops_are_grouped_by_name_and_unknown_ones_fall_in_other():
 
 
 def test_profile_run_reports_every_part_and_a_parsable_last_line(capsys, monkeypatch):
-    corpus = engine.load_corpus_text
-    monkeypatch.setattr(engine, "load_corpus_text", lambda max_bytes=0: corpus(60_000))  # tokenizes faster
+    corpus = workload.load_corpus_text
+    monkeypatch.setattr(workload, "load_corpus_text", lambda max_bytes=0: corpus(60_000))  # tokenizes faster
     assert profile.main(["--num-prompts", "4", "--output-len", "4", "12", "--max-num-batched-tokens", "256",
                          "--top-ops", "3"]) == 0
     out = capsys.readouterr().out

@@ -20,12 +20,12 @@ def test_prompt_logprobs_skip_reading_the_prefix_cache_but_others_still_hit():
     assert len(first.prompt_logprobs) == len(second.prompt_logprobs) == 40
     assert second.num_cached_tokens == 0
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
-    stats = llm.llm_engine.scheduler.make_stats().prefix_cache_stats
+    stats = llm.llm_engine.get_scheduler_stats().prefix_cache_stats
     assert (stats.requests, stats.queries) == (0, 0)          # skipped lookups are not counted
     # Its blocks were written to the cache all the same: a plain request hits them.
     plain = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)[0]
     assert plain.num_cached_tokens == 36
-    stats = llm.llm_engine.scheduler.make_stats().prefix_cache_stats
+    stats = llm.llm_engine.get_scheduler_stats().prefix_cache_stats
     assert (stats.requests, stats.queries, stats.hits) == (1, 40, 36)
 
 
@@ -41,5 +41,5 @@ def test_prefix_cache_stats_count_each_request_once_however_long_it_waits():
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
     assert len(lookups) > 3, "the workload was meant to make requests wait"
-    stats = llm.llm_engine.scheduler.make_stats().prefix_cache_stats
+    stats = llm.llm_engine.get_scheduler_stats().prefix_cache_stats
     assert (stats.requests, stats.queries, stats.preempted_requests) == (3, 3 * 9, 0)

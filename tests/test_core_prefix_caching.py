@@ -231,8 +231,8 @@ def test_greedy_outputs_identical_with_caching_on_and_off(tiny_llama_dir, settin
         outputs += llm.generate(prompts, params, use_tqdm=False, priority=priority)
         results[caching] = [o.outputs[0].token_ids for o in outputs]
         pool = llm.llm_engine.scheduler.kv_cache_manager.block_pool
-        assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, "KV blocks leaked"
-        stats = llm.llm_engine.scheduler.make_stats().prefix_cache_stats
+        assert pool.get_num_free_blocks() == pool.num_usable_blocks, "KV blocks leaked"
+        stats = llm.llm_engine.get_scheduler_stats().prefix_cache_stats
         if caching:
             assert stats.hits > 0 and any(o.num_cached_tokens > 0 for o in outputs)
         else:
@@ -248,12 +248,11 @@ def test_n_samples_prefill_the_prompt_once(tiny_llama_dir):
         llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, enable_prefix_caching=caching)
         engine = llm.llm_engine
         engine.add_request("p", prompt, params)
-        first_step = True
+        traces = []
+        engine.add_step_observer(traces.append)
         while engine.has_unfinished_requests():
             outputs = engine.step()
-            if first_step:
-                computed[caching] = engine.last_scheduler_output.total_num_scheduled_tokens
-                first_step = False
+            computed.setdefault(caching, traces[0].scheduler_output.total_num_scheduled_tokens)
             for output in outputs:
                 if output.finished:
                     texts[caching] = sorted(tuple(c.token_ids) for c in output.outputs)
@@ -270,9 +269,11 @@ def test_preempted_request_resumes_from_its_own_cached_blocks(tiny_llama_dir):
     for index in range(3):
         engine.add_request(str(index), {"prompt_token_ids": [(index * 31 + i) % 211 for i in range(10)]}, params)
     preempted, resumed_hits = set(), []
+    traces = []
+    engine.add_step_observer(traces.append)
     while engine.has_unfinished_requests():
         engine.step()
-        out = engine.last_scheduler_output
+        out = traces[-1].scheduler_output
         preempted |= out.preempted_req_ids
         resumed_hits += [new.num_computed_tokens for new in out.scheduled_new_reqs if new.req_id in preempted]
     assert preempted, "the pool was meant to be too small"
@@ -293,9 +294,9 @@ def test_cache_salt_num_cached_tokens_stats_and_reset(tiny_llama_dir):
     assert salted.num_cached_tokens == 0
     salted = llm.generate([{"prompt_token_ids": ids, "cache_salt": "tenant-a"}], params, use_tqdm=False)[0]
     assert salted.num_cached_tokens == 32
-    stats = engine.scheduler.make_stats()
+    stats, pool = engine.get_scheduler_stats(), engine.snapshot_pool()
     assert (stats.prefix_cache_stats.queries, stats.prefix_cache_stats.hits) == (4 * 39, 64)
-    assert len(stats.cached_block_ids) == 4 and all(stats.block_hashes[b] for b in stats.cached_block_ids)
+    assert len(pool.cached_block_ids) == 4 and all(pool.block_hashes[b] for b in pool.cached_block_ids)
     with pytest.raises(TypeError, match="cache_salt"):
         llm.generate([{"prompt_token_ids": ids, "cache_salt": 3}], params, use_tqdm=False)
 
@@ -305,8 +306,7 @@ def test_cache_salt_num_cached_tokens_stats_and_reset(tiny_llama_dir):
     while engine.has_unfinished_requests():
         engine.step()
     assert llm.reset_prefix_cache() is True
-    stats = engine.scheduler.make_stats()
-    assert stats.cached_block_ids == [] and stats.prefix_cache_stats.reset
+    assert engine.snapshot_pool().cached_block_ids == [] and engine.get_scheduler_stats().prefix_cache_stats.reset
     assert llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].num_cached_tokens == 0
 
 
@@ -391,5 +391,5 @@ def test_random_shared_prefix_workloads_keep_the_cache_consistent(specs, block_s
         scheduler.update_from_output(out, runner.execute(out))
         check_invariants(manager, scheduler, runner, prefix_of_hash)
     assert not scheduler.has_unfinished_requests()
-    assert manager.block_pool.get_num_free_blocks() == num_gpu_blocks - 1, "KV blocks leaked"
+    assert manager.block_pool.get_num_free_blocks() == manager.block_pool.num_usable_blocks, "KV blocks leaked"
     assert all(block.ref_cnt == 0 for block in manager.block_pool.blocks)

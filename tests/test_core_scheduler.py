@@ -16,8 +16,9 @@ from mini.core.request import Request, RequestStatus
 from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from mini.core.sched.scheduler import Scheduler, num_tokens_to_schedule, select_preemption_victim
+from mini.metrics.stats import PoolSnapshot, SchedulerStats
+from mini.runner_outputs import ModelRunnerOutput
 from mini.sampling_params import SamplingParams
-from mini.worker.model_runner_output import ModelRunnerOutput
 
 EOS = 0
 
@@ -351,7 +352,7 @@ def test_any_schedule_gives_the_unconstrained_tokens(specs, block_size, spare_bl
     tokens, reasons, outputs = run_to_completion(constrained, requests, abort_at)
 
     pool = constrained.kv_cache_manager.block_pool
-    assert pool.get_num_free_blocks() == num_gpu_blocks - 1, "blocks leaked"
+    assert pool.get_num_free_blocks() == pool.num_usable_blocks, "blocks leaked"
     assert all(block.ref_cnt == 0 for block in pool.blocks)
     assert constrained.requests == {} and not constrained.running and not constrained.waiting
 
@@ -493,23 +494,24 @@ def test_request_outgrowing_the_whole_pool_finishes_with_length():
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 2
 
 
-def test_make_stats_snapshots_tables_queue_and_counts():
+def test_stats_and_pool_snapshot_copy_counts_tables_and_queue():
+    """`SchedulerStats` (counters, what stat loggers get) and `PoolSnapshot` (what views and tests read)."""
     scheduler = make_scheduler(num_gpu_blocks=7, block_size=2)
     requests = [make_request(f"r{i}", [i + 1] * 3, max_tokens=4, arrival_time=0.0) for i in range(3)]
     for request in requests:
         scheduler.add_request(request)
-    before = scheduler.make_stats()
+    before, pool = SchedulerStats.from_scheduler(scheduler), PoolSnapshot.from_scheduler(scheduler)
     assert (before.step, before.num_running_reqs, before.num_waiting_reqs) == (0, 0, 3)
-    assert before.waiting_req_ids == ["r0", "r1", "r2"] and before.free_block_ids == [1, 2, 3, 4, 5, 6]
-    assert before.block_ref_cnts == [0] * 7 and before.kv_cache_usage == 0.0
+    assert pool.waiting_req_ids == ["r0", "r1", "r2"] and pool.free_block_ids == [1, 2, 3, 4, 5, 6]
+    assert pool.block_ref_cnts == [0] * 7 and before.kv_cache_usage == 0.0
     out = scheduler.schedule()
-    stats = scheduler.make_stats()
+    stats, pool = SchedulerStats.from_scheduler(scheduler), PoolSnapshot.from_scheduler(scheduler)
     assert out.num_scheduled_tokens == {"r0": 3, "r1": 3, "r2": 3}
-    assert stats.step == 1 and stats.running_req_ids == ["r0", "r1", "r2"] and stats.waiting_req_ids == []
-    assert stats.block_ids == {"r0": [1, 2], "r1": [3, 4], "r2": [5, 6]}
-    assert stats.num_computed_tokens == {"r0": 3, "r1": 3, "r2": 3}   # advanced right after scheduling
-    assert stats.free_block_ids == [] and stats.kv_cache_usage == 1.0
-    assert stats.block_ref_cnts == [0, 1, 1, 1, 1, 1, 1] and stats.num_gpu_blocks == 7 and stats.block_size == 2
+    assert stats.step == 1 and pool.running_req_ids == ["r0", "r1", "r2"] and pool.waiting_req_ids == []
+    assert pool.block_ids == {"r0": [1, 2], "r1": [3, 4], "r2": [5, 6]}
+    assert pool.num_computed_tokens == {"r0": 3, "r1": 3, "r2": 3}   # advanced right after scheduling
+    assert pool.free_block_ids == [] and stats.kv_cache_usage == 1.0
+    assert pool.block_ref_cnts == [0, 1, 1, 1, 1, 1, 1] and pool.num_gpu_blocks == 7 and pool.block_size == 2
     preempted = False
     while scheduler.has_unfinished_requests():            # every request gets one token per finished prefill
         req_ids = list(out.num_scheduled_tokens)
@@ -520,6 +522,6 @@ def test_make_stats_snapshots_tables_queue_and_counts():
         out = scheduler.schedule()
         preempted |= bool(out.preempted_req_ids)
     assert preempted
-    done = scheduler.make_stats()
+    done, pool = SchedulerStats.from_scheduler(scheduler), PoolSnapshot.from_scheduler(scheduler)
     assert done.num_preemptions == scheduler.num_preemptions_total > 0
-    assert done.block_ids == {} and sorted(done.free_block_ids) == [1, 2, 3, 4, 5, 6]
+    assert pool.block_ids == {} and sorted(pool.free_block_ids) == [1, 2, 3, 4, 5, 6]

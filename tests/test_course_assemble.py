@@ -61,7 +61,7 @@ def solutions() -> EngineParts:
 def test_the_solutions_assemble_into_an_engine_identical_to_the_reference():
     parts = solutions()
     assert len(parts.report) == NUM_COMPONENTS
-    pluggable = [c for c in parts.report if c.seam is not None]
+    pluggable = [c for c in parts.report if c.part is not None]
     assert parts.learner == pluggable, [c for c in pluggable if not c.is_learner]
     assert all(c.status == "not pluggable" and c.implementation is not None for c in parts.not_pluggable)
     assert parts.missing == []
@@ -125,7 +125,7 @@ def test_one_wrong_answer_is_named_by_its_check_by_exactness_and_by_the_bisectio
         with parts.plugged(subset):
             return tokens(small_engine()) == reference_tokens()
 
-    suspects = [c.seam for c in parts.learner]
+    suspects = [c.part for c in parts.learner]
     assert find_breaking_component(suspects, is_exact) == "rms_norm"
 
 
@@ -162,8 +162,8 @@ def test_kernel_exercises_are_reference_where_triton_cannot_run(monkeypatch):
     parts = assembly.assemble(REPO_ROOT / "solutions")
     kernels = [c for c in parts.report if c.needs_triton]
     assert kernels and all(c.status == "reference (needs Triton: no triton here)" for c in kernels)
-    assert not any(c.seam in parts.replacements for c in kernels)
-    card = parts.check(only=[c.seam for c in kernels], time_reference=False)
+    assert not any(c.part in parts.replacements for c in kernels)
+    card = parts.check(only=[c.part for c in kernels], time_reference=False)
     assert {r.outcome for r in card} == {"skipped"}
 
 

@@ -22,11 +22,13 @@ def test_worked_example_through_the_engine(tiny_llama_dir):
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     for index, prompt in enumerate(WORKED_EXAMPLE):
         engine.add_request(f"r{index}", {"prompt_token_ids": prompt}, params)
+    traces = []
+    engine.add_step_observer(traces.append)
 
     engine.step()
     kv = engine.scheduler.kv_cache_manager
     assert [kv.get_block_ids(f"r{i}") for i in range(3)] == [[1, 2], [3, 4], [5]]
-    inputs = engine.model_runner.last_inputs
+    inputs = traces[-1].inputs
     assert inputs["query_start_loc"].tolist() == [0, 5, 12, 15]
     assert inputs["seq_lens"].tolist() == [5, 7, 3]
     assert inputs["positions"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2]
@@ -34,7 +36,7 @@ def test_worked_example_through_the_engine(tiny_llama_dir):
     assert inputs["logits_indices"].tolist() == [4, 11, 14]
 
     engine.step()
-    inputs = engine.model_runner.last_inputs
+    inputs = traces[-1].inputs
     assert inputs["positions"].tolist() == [5, 7, 3]
     assert inputs["slot_mapping"].tolist() == [9, 19, 23]
     assert inputs["seq_lens"].tolist() == [6, 8, 4]
@@ -184,3 +186,45 @@ def test_prompt_larger_than_the_kv_pool_is_refused_cleanly(tiny_llama_dir):
     out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=3, ignore_eos=True),
                        use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 3
+
+
+def test_generate_tokenizes_each_prompt_once(monkeypatch):
+    """`LLM.generate` processes every prompt before queueing any, and queues the processed requests: one
+    tokenization per prompt (the engine's `add_request` takes the processed `EngineCoreRequest`)."""
+    llm = LLM(num_gpu_blocks_override=32, max_model_len=128)
+    tokenizer = llm.get_tokenizer()
+    calls: list[str] = []
+    encode = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", lambda text, *a, **k: calls.append(text) or encode(text, *a, **k))
+    prompts = ["Hello there", "The cat sat on", "Once upon a time"]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, detokenize=False),
+                           use_tqdm=False)
+    assert calls == prompts
+    assert [o.prompt_token_ids for o in outputs] == [encode(p) for p in prompts]
+    assert [o.request_id for o in outputs] == ["0", "1", "2"]
+
+
+def test_generate_refuses_a_batch_before_queueing_any_of_it(tiny_llama_dir):
+    """A prompt that cannot fit the KV pool, last in the batch: nothing is queued, no request id is used."""
+    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=3)
+    engine = llm.llm_engine
+    fits, too_big = {"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": list(range(1, 11))}
+    with pytest.raises(ValueError, match="prompt 2: prompt_token_ids has 10 tokens"):
+        llm.generate([fits, fits, too_big], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert not engine.has_unfinished_requests() and not engine.output_processor.has_request("0")
+    assert llm.generate(fits, SamplingParams(max_tokens=1), use_tqdm=False)[0].request_id == "0"
+
+
+def test_add_request_takes_a_processed_request(tiny_llama_dir):
+    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True)
+    engine = llm.llm_engine
+    processed = engine.process_request("p", {"prompt_token_ids": [4, 5, 6]}, SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="does not match"):
+        engine.add_request("q", processed)
+    engine.add_request("p", processed)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("p", processed)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [out for out in engine.step() if out.finished]
+    assert [out.request_id for out in finished] == ["p"] and len(finished[0].outputs[0].token_ids) == 2

@@ -68,7 +68,7 @@ def test_greedy_identical_with_and_without_speculation(shipped_greedy, method, s
     params = SamplingParams(temperature=0.0, max_tokens=SHIPPED_MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate(CODE_PROMPTS, params, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outputs] == shipped_greedy(setting)
-    stats = llm.llm_engine.scheduler.make_stats().spec_decoding_stats
+    stats = llm.llm_engine.get_scheduler_stats().spec_decoding_stats
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0, f"{method} should draft and get drafts accepted"
     assert stats.num_accepted_tokens <= stats.num_draft_tokens
     if setting in ("preemption", "priority"):
@@ -89,7 +89,7 @@ def test_ngram_greedy_matches_transformers(tiny_model_factory, arch, setting):
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
                            priority=[i % 3 for i in range(len(prompts))] if setting == "priority" else None)
     assert_greedy_matches(expected, outputs)
-    assert llm.llm_engine.scheduler.make_stats().spec_decoding_stats.num_drafts > 0
+    assert llm.llm_engine.get_scheduler_stats().spec_decoding_stats.num_drafts > 0
     assert_no_leak(llm)
 
 
@@ -97,7 +97,7 @@ def test_ngram_acceptance_and_metrics_on_repetitive_code():
     llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     prompt = "x = [1, 2, 3]\n" * 8
     out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False)[0]
-    stats = llm.llm_engine.scheduler.make_stats().spec_decoding_stats
+    stats = llm.llm_engine.get_scheduler_stats().spec_decoding_stats
     assert stats.mean_acceptance_length >= 1.5, f"repetitive text should accept drafts: {stats}"
     per_pos = stats.num_accepted_tokens_per_pos
     assert len(per_pos) == 4 and all(a >= b for a, b in itertools.pairwise(per_pos)), per_pos
@@ -214,25 +214,51 @@ def test_rollback_keeps_computed_tokens_and_blocks_in_step():
     assert_no_leak(llm)
 
 
-def test_rejection_sampler_seam_sees_target_probs_that_sum_to_one():
-    from mini import seams
-    from mini.sample.rejection_sampler import rejection_sample
+def test_rejection_sample_part_sees_target_probs_that_sum_to_one():
+    from mini import roles
 
     seen = []
 
     def spy(draft_token_ids, num_draft_tokens, draft_probs, target_probs, bonus_token_ids, is_greedy, generators):
         seen.append((target_probs.sum(dim=-1), is_greedy.clone()))
-        return seams.reference("rejection_sample")(draft_token_ids, num_draft_tokens, draft_probs, target_probs,
+        return roles.reference("rejection_sample")(draft_token_ids, num_draft_tokens, draft_probs, target_probs,
                                                    bonus_token_ids, is_greedy, generators)
 
-    llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1})
-    with seams.override(rejection_sample=spy):
-        llm.generate("x = [1, 2]\n" * 5, SamplingParams(temperature=0.5, top_k=20, max_tokens=24, seed=1),
-                     use_tqdm=False)
-    assert seen and rejection_sample is not None
+    with roles.use(rejection_sample=spy):   # the engine chooses its parts when it is built
+        llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1})
+    llm.generate("x = [1, 2]\n" * 5, SamplingParams(temperature=0.5, top_k=20, max_tokens=24, seed=1),
+                 use_tqdm=False)
+    assert seen
     for sums, is_greedy in seen:
         assert torch.allclose(sums, torch.ones_like(sums), atol=1e-4)
         assert not bool(is_greedy.any())
+    seen.clear()
+    LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2}).generate(
+        "x = [1, 2]\n" * 5, SamplingParams(temperature=0.5, max_tokens=8, seed=1), use_tqdm=False)
+    assert not seen, "an engine built outside the block keeps the reference"
+
+
+def test_each_step_samples_every_row_once():
+    """One pass per row: a step with drafts runs the sampler once over the batch (a row with drafts gets its
+    bonus token there) and the rejection sampler over the draft positions; nothing is sampled twice."""
+    llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
+    engine = llm.llm_engine
+    sampler = engine.model_runner.sampler
+    rows_per_call: list[int] = []
+    sampler.register_forward_hook(lambda module, args, out: rows_per_call.append(int(args[0].shape[0])))
+    params = [SamplingParams(temperature=0.8, seed=4, max_tokens=16, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)]
+    for index, prompt in enumerate(["x = [1, 2, 3]\n" * 6, "for i in range(3):\n    print(i)\n" * 3]):
+        engine.add_request(str(index), prompt, params[index])
+    steps = 0
+    while engine.has_unfinished_requests():
+        before = len(rows_per_call)
+        engine.step()
+        steps += 1
+        assert len(rows_per_call) == before + 1, "the sampler ran more than once in a step"
+    drafted = engine.get_scheduler_stats().spec_decoding_stats.num_drafts
+    assert drafted > 0 and steps == len(rows_per_call)
+    assert_no_leak(llm)
 
 
 def test_prometheus_counts_drafts_and_accepted_tokens():
@@ -246,8 +272,8 @@ def test_prometheus_counts_drafts_and_accepted_tokens():
     engine.add_request("r", "x = [1, 2, 3]\n" * 6, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-        logger.record(engine.scheduler.make_stats(), IterationStats())
-    stats = engine.scheduler.make_stats().spec_decoding_stats
+        logger.record(engine.get_scheduler_stats(), IterationStats())
+    stats = engine.get_scheduler_stats().spec_decoding_stats
     text = logger.render().decode()
     assert f'mini:spec_decode_num_drafts_total{{model_name="tiny-llama"}} {float(stats.num_drafts)}' in text
     assert (f'mini:spec_decode_num_accepted_tokens_total{{model_name="tiny-llama"}} '

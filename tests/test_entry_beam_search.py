@@ -125,11 +125,11 @@ def test_eos_beams_complete_as_vllm(tiny_llama_dir, hf_model, tmp_path):
 
 def test_beams_share_prefix_blocks_through_the_cache_and_free_everything(tiny_llama_dir, llm):
     manager = llm.llm_engine.scheduler.kv_cache_manager
-    before = llm.llm_engine.scheduler.make_stats().prefix_cache_stats
+    before = llm.llm_engine.get_scheduler_stats().prefix_cache_stats
     width, prompt = 3, PROMPTS[1]                       # 10 tokens: 2 full blocks of 4
     params = BeamSearchParams(beam_width=width, max_tokens=MAX_TOKENS)
     [cached] = llm.beam_search({"prompt_token_ids": prompt}, params)
-    after = llm.llm_engine.scheduler.make_stats().prefix_cache_stats
+    after = llm.llm_engine.get_scheduler_stats().prefix_cache_stats
     # After the first step every live beam's request finds at least the prompt's full blocks cached.
     prompt_hit_tokens = (len(prompt) // BLOCK_SIZE) * BLOCK_SIZE
     assert after.hits - before.hits >= (MAX_TOKENS - 1) * width * prompt_hit_tokens
@@ -145,7 +145,7 @@ def test_beams_share_prefix_blocks_through_the_cache_and_free_everything(tiny_ll
 def test_cache_salt_travels_with_every_step(llm):
     prompt = [7, 7, 8, 8, 9, 9, 10, 10, 11]
     params = BeamSearchParams(beam_width=2, max_tokens=3)
-    stats = llm.llm_engine.scheduler.make_stats
+    stats = llm.llm_engine.get_scheduler_stats
     [plain] = llm.beam_search({"prompt_token_ids": prompt}, params)
     hits_before = stats().prefix_cache_stats.hits
     first_step = llm.generate({"prompt_token_ids": prompt, "cache_salt": "other"},
@@ -189,7 +189,7 @@ def test_bad_params_raise_value_error_naming_the_field(field, value):
 
 def test_bad_requests_raise_before_anything_runs(llm):
     engine = llm.llm_engine
-    before = engine.scheduler.make_stats().prefix_cache_stats.queries
+    before = engine.get_scheduler_stats().prefix_cache_stats.queries
     good = {"prompt_token_ids": PROMPTS[0]}
     with pytest.raises(ValueError, match="beam_width must be at most 10"):
         llm.beam_search([good], BeamSearchParams(beam_width=11, max_tokens=2))
@@ -201,7 +201,7 @@ def test_bad_requests_raise_before_anything_runs(llm):
         llm.beam_search([good], SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="concurrency_limit"):
         llm.beam_search([good], BeamSearchParams(beam_width=2, max_tokens=2), concurrency_limit=0)
-    assert engine.scheduler.make_stats().prefix_cache_stats.queries == before
+    assert engine.get_scheduler_stats().prefix_cache_stats.queries == before
     assert not engine.has_unfinished_requests()
     assert math.isfinite(llm.beam_search([good], BeamSearchParams(beam_width=2, max_tokens=2))[0].sequences[0].cum_logprob)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mini.attention import get_attention_backend
+from mini.attention import build_attention_backend
 from mini.attention import reference as attn
 from mini.worker.prepare_inputs import prepare_inputs
 
@@ -95,6 +95,8 @@ def test_reduced_precision_inputs_are_computed_in_float32():
 
 
 def test_backend_selection():
-    assert get_attention_backend("torch") is attn
+    backend = build_attention_backend("torch")
+    assert type(backend) is attn.ReferenceAttentionBackend and backend.name == "torch"
+    assert build_attention_backend(backend) is backend  # an instance is shared as it is
     with pytest.raises(ValueError, match="attention_backend must be one of"):
-        get_attention_backend("flash")
+        build_attention_backend("flash")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import mini.attention.reference as attn
-from mini import seams
-from mini.model.llama import LlamaForCausalLM
+from mini import roles
+from mini.model.llama import LlamaForCausalLM, rms_norm
 from mini.model.loader import load_model
 from mini.worker.prepare_inputs import prepare_inputs
 
@@ -186,17 +186,25 @@ def test_unsupported_configs_raise(models):
         LlamaForCausalLM(config)
 
 
-def test_attention_goes_through_its_seam(models):
-    """paged_attention is a seam: a replacement installed in the registry runs inside a built model."""
+def test_a_model_built_with_choices_runs_its_parts(models):
+    """Parts chosen when the model is loaded (paged_attention, rms_norm) run in every layer of that model;
+    a model loaded without them keeps the reference."""
     _, folder = models("llama-untied")
-    model, _ = load_model(folder)
     calls = []
-    original = seams.reference("paged_attention")  # (attn.paged_attention would dispatch back to the spy)
 
-    def spy(query, kv_cache, metadata, scale):
-        calls.append(query.shape)
-        return original(query, kv_cache, metadata, scale)
+    def spy_attention(query, kv_cache, metadata, scale):
+        calls.append(("paged_attention", tuple(query.shape)))
+        return attn.paged_attention(query, kv_cache, metadata, scale)
 
-    with seams.override(paged_attention=spy):
-        PagedRun(model).step([([1, 2, 3], 0, 3)])
-    assert calls == [torch.Size([3, 4, 16])] * 2  # once per layer
+    def spy_norm(x, weight, eps):
+        calls.append(("rms_norm", tuple(x.shape)))
+        return rms_norm(x, weight, eps)
+
+    model, _ = load_model(folder, choices=roles.choose({"paged_attention": spy_attention, "rms_norm": spy_norm}))
+    assert model.replaced_parts == {"rms_norm"} and model.attention_backend.replaced_parts == {"paged_attention"}
+    PagedRun(model).step([([1, 2, 3], 0, 3)])
+    assert calls.count(("paged_attention", (3, 4, 16))) == 2  # once per layer
+    assert calls.count(("rms_norm", (3, 64))) == 5  # two per layer, then the final norm
+    calls.clear()
+    PagedRun(load_model(folder)[0]).step([([1, 2, 3], 0, 3)])
+    assert calls == []

@@ -7,6 +7,7 @@ import torch
 
 from mini.config import EngineConfig
 from mini.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from mini.metrics.step_trace import StepTrace
 from mini.model.loader import load_model
 from mini.sample.logits_processor.interface import MoveDirectionality
 from mini.sampling_params import SamplingParams
@@ -170,24 +171,30 @@ def step(new=(), cached=None, scheduled=None, finished=()):
                            finished_req_ids=set(finished))
 
 
+def execute_traced(runner, scheduler_output):
+    """One runner step with a step trace attached -> (its ModelRunnerOutput, the flat inputs it built)."""
+    trace = StepTrace(step=0, scheduler_output=scheduler_output)
+    return runner.execute_model(scheduler_output, trace=trace), trace.inputs
+
+
 def test_runner_worked_example_matches_transformers(tiny):
     folder, hf_model = tiny
     runner = make_runner(folder)
     ids = ["r0", "r1", "r2"]
-    out = runner.execute_model(step(
+    out, inputs = execute_traced(runner, step(
         new=[new_req(r, p, b) for r, p, b in zip(ids, WORKED_PROMPTS, WORKED_BLOCKS)],
         scheduled={"r0": 5, "r1": 7, "r2": 3}))
-    assert runner.last_inputs["slot_mapping"].tolist() == [4, 5, 6, 7, 8, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22]
-    assert runner.last_inputs["logits_indices"].tolist() == [4, 11, 14]
+    assert inputs["slot_mapping"].tolist() == [4, 5, 6, 7, 8, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22]
+    assert inputs["logits_indices"].tolist() == [4, 11, 14]
     assert out.req_ids == ids and out.req_id_to_index == {"r0": 0, "r1": 1, "r2": 2}
     first = [int(hf_last_logprobs(hf_model, p)[-1].argmax()) for p in WORKED_PROMPTS]
     assert out.sampled_token_ids == [[t] for t in first]
     assert out.logprobs is None
 
-    out = runner.execute_model(step(cached=CachedRequestData(ids, [[], [], []], [5, 7, 3]),
-                                    scheduled={"r0": 1, "r1": 1, "r2": 1}))
-    assert runner.last_inputs["positions"].tolist() == [5, 7, 3]
-    assert runner.last_inputs["slot_mapping"].tolist() == [9, 19, 23]
+    out, inputs = execute_traced(runner, step(cached=CachedRequestData(ids, [[], [], []], [5, 7, 3]),
+                                              scheduled={"r0": 1, "r1": 1, "r2": 1}))
+    assert inputs["positions"].tolist() == [5, 7, 3]
+    assert inputs["slot_mapping"].tolist() == [9, 19, 23]
     second = [int(hf_last_logprobs(hf_model, p + [t])[-1].argmax()) for p, t in zip(WORKED_PROMPTS, first)]
     assert out.sampled_token_ids == [[t] for t in second]
     assert runner.requests["r1"].output_token_ids == [first[1], second[1]]
@@ -224,12 +231,12 @@ def test_runner_drops_finished_requests_and_condenses(tiny):
     blocks = {"a": [1], "b": [2], "c": [3, 4]}
     runner.execute_model(step(new=[new_req(r, p, blocks[r]) for r, p in prompts.items()],
                               scheduled={r: len(p) for r, p in prompts.items()}))
-    out = runner.execute_model(step(cached=CachedRequestData(["b", "c"], [[], []], [2, 4]),
-                                    scheduled={"b": 1, "c": 1}, finished={"a"}))
+    out, inputs = execute_traced(runner, step(cached=CachedRequestData(["b", "c"], [[], []], [2, 4]),
+                                              scheduled={"b": 1, "c": 1}, finished={"a"}))
     assert "a" not in runner.requests
     assert runner.input_batch.req_ids == ["c", "b"]  # c moved from row 2 into a's hole
     assert out.req_ids == ["c", "b"] and out.req_id_to_index == {"c": 0, "b": 1}
-    assert runner.last_inputs["positions"].tolist() == [4, 2]
+    assert inputs["positions"].tolist() == [4, 2]
 
 
 def test_seeded_request_is_reproducible_whatever_the_batch(tiny):

@@ -217,3 +217,32 @@ def test_logit_bias_out_of_range_token_raises():
     processor = LogitBiasLogitsProcessor(CONFIG, torch.device("cpu"), False)
     with pytest.raises(ValueError, match="logit_bias token ids"):
         processor.update_state(BatchUpdate(1, [], [(0, SamplingParams(logit_bias={VOCAB: 1.0}), [], [])], []))
+
+
+def test_a_resolved_container_builds_the_chosen_min_tokens_class_and_hands_out_process_dict_updates():
+    """The logits-processor parts of the sampler role (mini/roles.py) live on `LogitsProcessors`: an engine
+    built with them replaced instantiates its min-tokens class, and its built-ins follow rows with its
+    `process_dict_updates`; one built without them keeps the references."""
+    from mini import roles
+
+    calls = []
+
+    def counting_process_dict_updates(entries, batch_update, new_state):
+        calls.append(batch_update)
+        return process_dict_updates(entries, batch_update, new_state)
+
+    class MyMinTokens(MinTokensLogitsProcessor):
+        pass
+
+    choices = roles.choose({"process_dict_updates": counting_process_dict_updates,
+                            "MinTokensLogitsProcessor": MyMinTokens})
+    container = build_logitsprocs(None, VOCAB, choices=choices)
+    assert [type(p) for p in container.all] == [MinPLogitsProcessor, LogitBiasLogitsProcessor, MyMinTokens]
+    update = BatchUpdate(batch_size=1, removed=[], added=[(0, SamplingParams(min_p=0.1, min_tokens=2), [1], [])],
+                         moved=[])
+    container.update_state(update)
+    assert calls == [update] * 3          # every built-in (MyMinTokens inherits the reference's update_state)
+    plain = build_logitsprocs(None, VOCAB)
+    assert [type(p) for p in plain.all] == [MinPLogitsProcessor, LogitBiasLogitsProcessor, MinTokensLogitsProcessor]
+    plain.update_state(update)
+    assert len(calls) == 3

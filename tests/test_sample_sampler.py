@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import mini.sample.ops.topk_topp as topk_topp_ops
 import mini.sample.ops.topk_topp_sampler as sampler_ops
+from mini import roles
 from mini.sample import Sampler, SamplingMetadata, logprobs_to_dicts
 from mini.sample.logits_processor import LogitsProcessor, build_logitsprocs
 from mini.sample.logits_processor.interface import BatchUpdate
@@ -147,18 +148,60 @@ def test_fused_and_native_paths_draw_the_same_seeded_tokens(monkeypatch):
     assert torch.equal(results[0], results[1])
 
 
-def test_plugged_top_k_top_p_function_is_used(monkeypatch):
+def test_a_sampler_built_with_a_replaced_part_calls_it_on_the_reference_pipeline():
+    """`Choices.resolve(Sampler)` with a part replaced gives a Sampler class holding it; its `__init__` turns the
+    fused window path off, so the replacement runs, and `compute_probs` walks the same pipeline."""
     calls = []
-    original = topk_topp_ops.apply_top_k_top_p
+    originals = {name: roles.reference(name) for name in ("apply_temperature", "apply_top_k_top_p",
+                                                          "random_sample", "apply_all_penalties", "gather_logprobs")}
 
-    def learner_version(logits, k, p):
-        calls.append((k, p))
-        return original(logits, k, p)
+    def spy(name):
+        def part(*args):
+            calls.append(name)
+            return originals[name](*args)
+        return part
 
-    monkeypatch.setattr(topk_topp_ops, "apply_top_k_top_p", learner_version)
+    assert Sampler().use_fused and not Sampler.replaced_parts
+    sampler = roles.choose({name: spy(name) for name in originals}).resolve(Sampler)()
+    assert not sampler.use_fused and sampler.replaced_parts == frozenset(originals)
     logits = torch.randn(3, 20)
-    out = sample(logits, [SamplingParams(temperature=1.0, top_k=2)] * 3).sampled_token_ids
-    assert calls and all(t in logits[i].topk(2).indices.tolist() for i, t in enumerate(out.tolist()))
+    params = [SamplingParams(temperature=1.0, top_k=2, logprobs=1, presence_penalty=0.5)] * 3
+    out = sampler(logits.clone(), build(params, 20, outputs=[[1], [2], [3]])).sampled_token_ids
+    assert calls == ["apply_all_penalties", "apply_temperature", "apply_top_k_top_p", "random_sample",
+                     "gather_logprobs"]
+    assert all(t in logits[i].topk(2).indices.tolist() for i, t in enumerate(out.tolist()))
+    calls.clear()
+    probs = sampler.compute_probs(logits.clone(), build(params, 20, outputs=[[1], [2], [3]]))
+    assert calls == ["apply_all_penalties", "apply_temperature", "apply_top_k_top_p"]
+    torch.testing.assert_close(probs, Sampler().compute_probs(logits.clone(), build(params, 20,
+                                                                                   outputs=[[1], [2], [3]])))
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_compute_probs_is_the_distribution_sample_draws_from(seeded):
+    """`compute_probs` and `sample` share one pipeline: the native draw from `compute_probs`' rows with the same
+    generators gives the very tokens `sample` gives (greedy rows: the one-hot's token)."""
+    torch.manual_seed(5)
+    logits = torch.randn(6, 40) * 2
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.4), SamplingParams(temperature=0.8, top_k=5),
+              SamplingParams(temperature=1.2, top_p=0.7, min_p=0.05), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.6, logit_bias={3: 2.0}), SamplingParams(temperature=1.0, top_k=9, top_p=0.9)]
+    outputs = [[1, 2], [3], [], [4, 4], [5], []]
+    seeds = {row: 100 + row for row in (1, 2, 4, 5)} if seeded else {}
+
+    def generators():
+        return {row: torch.Generator().manual_seed(seed) for row, seed in seeds.items()}
+
+    probs = Sampler().compute_probs(logits.clone(), build(params, 40, outputs=outputs, generators=generators()))
+    assert torch.allclose(probs.sum(-1), torch.ones(6))
+    sampled = Sampler(use_fused=False)(logits.clone(), build(params, 40, outputs=outputs,
+                                                             generators=generators())).sampled_token_ids
+    assert probs[[0, 3]].max(-1).values.tolist() == [1.0, 1.0]
+    assert sampled[[0, 3]].tolist() == probs[[0, 3]].argmax(-1).tolist()
+    assert bool((probs.gather(1, sampled.view(-1, 1)) > 0).all())
+    if seeded:
+        redrawn = sampler_ops.random_sample(probs.clone(), generators())
+        assert sampled[list(seeds)].tolist() == redrawn[list(seeds)].tolist()
 
 
 def test_logprobs_are_raw_top_n_plus_the_sampled_token():

@@ -1,20 +1,28 @@
 """Speculative verification, mini/sample/rejection_sampler.py: greedy rows exactly; random rows by their
 output distribution (whatever the drafter's q, every emitted token must follow the target's p: checked with
 a chi-square goodness-of-fit test over tens of thousands of one-call trials); seeded rows reproducible
-whatever else is in the batch; the residual distribution max(0, p - q) normalised."""
+whatever else is in the batch; the residual distribution max(0, p - q) normalised. `RejectionSampler` runs a
+step's verification in one pass: every row sampled once (a row with drafts: its bonus token), each seeded
+generator drawn from once, in order, never rewound."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-from mini import seams
+from mini import roles
+from mini.sample.metadata import SamplingMetadata
 from mini.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     RejectionSampler,
     compute_residual_probs,
     rejection_sample,
 )
+from mini.sample.sampler import Sampler
+from mini.sampling_params import SamplingParams
+from mini.spec_decode.metadata import SpecDecodeMetadata
 
 NUM_TRIALS = 40_000
 MIN_P_VALUE = 1e-3          # seeded tests: a correct sampler passes; a biased one lands far below this
@@ -275,8 +283,110 @@ def test_bad_shapes_raise_value_error():
                          torch.tensor([False]), {})
 
 
-def test_parse_output_and_seams():
+def test_parse_output_and_parts():
     out = torch.tensor([[3, 1, -1], [4, -1, -1], [5, 6, 7]])
     assert RejectionSampler.parse_output(out) == [[3, 1], [4], [5, 6, 7]]
-    assert {"rejection_sample", "compute_residual_probs"} <= set(seams.names())
-    assert seams.reference("rejection_sample") is not None
+    assert roles.reference("rejection_sample") is rejection_sample
+    assert roles.reference("compute_residual_probs") is compute_residual_probs
+    assert roles.home_class("rejection_sample") is RejectionSampler
+    assert roles.role_of("compute_residual_probs").name == "sampler"
+
+
+def test_a_replaced_residual_is_the_one_the_resolved_rejection_sample_calls():
+    """`rejection_sample` calls its sibling part through a keyword-only parameter: the class an engine
+    resolves with a replaced `compute_residual_probs` binds the replacement there."""
+    calls = []
+
+    def residual(target_probs, draft_probs, draft_token_ids):
+        calls.append(target_probs.shape)
+        return compute_residual_probs(target_probs, draft_probs, draft_token_ids)
+
+    resolved = roles.choose({"compute_residual_probs": residual}).resolve(RejectionSampler)
+    assert resolved.replaced_parts == frozenset({"compute_residual_probs"})
+    assert RejectionSampler.replaced_parts == frozenset()
+    out = resolved.rejection_sample(torch.tensor([1]), [1], None, torch.tensor([[0.5, 0.5]]), torch.tensor([0]),
+                                    torch.tensor([False]), {})
+    assert calls == [(1, 2)] and out.shape == (1, 2)
+
+
+# ---------------------------------------------------------------- one verification pass (RejectionSampler.forward)
+
+
+def _one_pass_case():
+    """Three rows: 0 seeded random with 2 drafts, 1 greedy with 1 draft and penalties, 2 seeded without drafts."""
+    torch.manual_seed(11)
+    vocab_size = 12
+    params = [SamplingParams(temperature=0.9, top_k=6, seed=1, logprobs=2),
+              SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=1),
+              SamplingParams(temperature=1.1, seed=3)]
+    outputs = [[4, 5], [6], [7]]
+    drafts = [[2, 3], [8], []]
+    # Flat batch: row 0 feeds 3 tokens (last token + 2 drafts), row 1 feeds 2, row 2 feeds 1.
+    query_start_loc = torch.tensor([0, 3, 5, 6])
+    hidden_logits = torch.randn(6, vocab_size) * 2      # the target's logits at every flat position
+    return vocab_size, params, outputs, drafts, query_start_loc, hidden_logits
+
+
+def _metadata(params, outputs, vocab_size):
+    generators = {row: torch.Generator().manual_seed(p.seed) for row, p in enumerate(params) if p.seed is not None}
+    return SamplingMetadata.build(params, [[1]] * len(params), outputs, generators, vocab_size)
+
+
+def test_one_pass_samples_every_row_once_and_draws_each_generator_once():
+    vocab_size, params, outputs, drafts, query_start_loc, flat_logits = _one_pass_case()
+    spec = SpecDecodeMetadata.build(drafts, query_start_loc)
+    assert spec.rows == [0, 1] and spec.target_logits_indices == [0, 1, 3]
+    bonus_logits = flat_logits[[2, 4, 5]]               # each row's last scheduled position
+
+    sampler = Sampler()
+    sampler_calls = []
+    sampler.register_forward_hook(lambda module, args, out: sampler_calls.append(args[1]))
+    metadata = _metadata(params, outputs, vocab_size)
+    result = RejectionSampler(sampler)(spec, None, bonus_logits.clone(), flat_logits[spec.target_logits_indices],
+                                       metadata)
+    assert len(sampler_calls) == 1       # one pass: every row sampled once, a row with drafts gets its bonus
+    assert sampler_calls[0].output_token_ids == [[4, 5, 2, 3], [6, 8], [7]]   # the bonus sees all its drafts
+    assert outputs == [[4, 5], [6], [7]]                                      # the live lists are untouched
+
+    # The same step done by hand: the bonus pass, p at each draft position, then the rejection test.
+    expected_metadata = _metadata(params, outputs, vocab_size)
+    bonus = Sampler()(bonus_logits.clone(), dataclasses.replace(
+        expected_metadata, output_token_ids=[[4, 5, 2, 3], [6, 8], [7]])).sampled_token_ids
+    assert result.sampler_output.sampled_token_ids.tolist() == bonus.tolist()
+    target = []
+    for flat_row, row, history in ((0, 0, [4, 5]), (1, 0, [4, 5, 2]), (3, 1, [6])):
+        logits = torch.zeros(3, vocab_size)
+        logits[row] = flat_logits[flat_row]
+        history_rows = [list(o) for o in outputs]
+        history_rows[row] = history
+        target.append(Sampler().compute_probs(logits, dataclasses.replace(expected_metadata,
+                                                                          output_token_ids=history_rows))[row])
+    expected = rejection_sample(torch.tensor([2, 3, 8]), [2, 1], None, torch.stack(target), bonus[[0, 1]],
+                                torch.tensor([False, True]), {0: expected_metadata.generators[0]})
+    assert result.token_ids == dict(zip([0, 1], RejectionSampler.parse_output(expected)))
+    assert result.token_ids[1] == ([8, int(bonus[1])] if target[2].argmax() == 8 else [int(target[2].argmax())])
+
+    # No generator was rewound or drawn twice: row 0 drew its bonus race (V), its uniforms (2), its recovery
+    # race (V); row 2, without drafts, only its race.
+    for row, draws in ((0, (vocab_size, 2, vocab_size)), (2, (vocab_size,))):
+        reference = torch.Generator().manual_seed(params[row].seed)
+        for count in draws:
+            torch.empty(count).uniform_(generator=reference)
+        assert torch.equal(metadata.generators[row].get_state(), reference.get_state()), row
+
+
+def test_one_pass_logprobs_are_the_raw_target_logprobs_of_each_emitted_token():
+    vocab_size, params, outputs, drafts, query_start_loc, flat_logits = _one_pass_case()
+    spec = SpecDecodeMetadata.build(drafts, query_start_loc)
+    result = RejectionSampler(Sampler())(spec, None, flat_logits[[2, 4, 5]].clone(),
+                                         flat_logits[spec.target_logits_indices], _metadata(params, outputs,
+                                                                                            vocab_size))
+    assert set(result.logprobs) == {0, 1}
+    for row, first_flat, wanted in ((0, 0, 2), (1, 3, 1)):
+        emitted = result.token_ids[row]
+        raw = flat_logits[first_flat: first_flat + len(emitted)].log_softmax(-1)
+        assert len(result.logprobs[row]) == len(emitted)
+        for position, (token, entry) in enumerate(zip(emitted, result.logprobs[row])):
+            assert token in entry and len(entry) <= wanted + 1
+            assert abs(entry[token] - float(raw[position, token])) < 1e-5
+            assert set(raw[position].topk(wanted).indices.tolist()) <= set(entry)

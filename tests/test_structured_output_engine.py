@@ -92,8 +92,11 @@ def test_grammar_compiles_off_the_step_loop_and_the_request_waits_for_fsm(llm):
         engine.add_request("free", "Hi", SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
         request = engine.scheduler.requests["fsm"]
         assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        traces = []
+        remove_observer = engine.add_step_observer(traces.append)
         engine.step()
-        assert set(engine.last_scheduler_output.num_scheduled_tokens) == {"free"}  # skipped, not blocking
+        remove_observer()
+        assert set(traces[0].scheduler_output.num_scheduled_tokens) == {"free"}  # skipped, not blocking
         assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         release.set()
         outputs = {}
@@ -110,14 +113,15 @@ def test_grammar_compiles_off_the_step_loop_and_the_request_waits_for_fsm(llm):
 def _run(engine, requests):
     for request_id, prompt, params in requests:
         engine.add_request(request_id, prompt, params)
-    outputs, saw_partial = {}, False
+    outputs, partial = {}, []
+    remove_observer = engine.add_step_observer(
+        lambda trace: partial.append(bool(trace.scheduler_output.partial_prefill_req_ids)))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 outputs[out.request_id] = out.outputs[0]
-        if engine.last_scheduler_output is not None:
-            saw_partial |= bool(engine.last_scheduler_output.partial_prefill_req_ids)
-    return outputs, saw_partial
+    remove_observer()
+    return outputs, any(partial)
 
 
 def test_mixed_batch_with_chunked_prefill_and_preemption():

@@ -15,7 +15,7 @@ import torch
 triton_utils = pytest.importorskip("mini.attention.triton_utils")
 if not triton_utils.is_available():
     pytest.skip(triton_utils.unavailable_reason(), allow_module_level=True)
-from mini.structured_output.bitmask import apply_token_bitmask_inplace
+from mini.structured_output.bitmask import BitmaskApplier, apply_token_bitmask_inplace
 from mini.structured_output.token_index import pack_allowed
 from mini.structured_output.triton_bitmask import apply_token_bitmask_inplace_triton
 
@@ -43,3 +43,9 @@ def test_triton_kernel_narrow_bitmask_disallows_the_rest():
     assert torch.isfinite(logits[0, :64]).all() and torch.isinf(logits[0, 64:]).all()
     with pytest.raises(ValueError, match="bitmask"):
         apply_token_bitmask_inplace_triton(logits, bitmask.to(torch.int64))
+
+
+def test_the_applier_chooses_the_kernel_once_on_a_cuda_device_only():
+    assert BitmaskApplier("cpu").op is BitmaskApplier.apply_token_bitmask_inplace
+    if torch.cuda.is_available():
+        assert BitmaskApplier("cuda").op is apply_token_bitmask_inplace_triton

@@ -1,5 +1,5 @@
 """The batch-layout view: the phase-02 worked example, consistency with the block tables, and the
-recorded engine batches (the runner's `last_inputs`)."""
+recorded engine batches (each step's `StepTrace.inputs`)."""
 
 from __future__ import annotations
 

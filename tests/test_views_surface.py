@@ -1,9 +1,9 @@
 """The course's views read the engine only through its public surface.
 
 `labs/views` may read `llm.llm_engine`, `engine.step()` / `add_request` / `has_unfinished_requests()`,
-`engine.last_scheduler_output`, `engine.scheduler.make_stats()` (and `max_num_scheduled_tokens`,
-`max_num_running_reqs`), `engine.model_runner.last_inputs` and `engine.model_runner.input_batch`
-(mini/README.md, "Internal interfaces"). They must never monkeypatch an engine object (replace one of its
+`engine.add_step_observer(...)` (each step's `StepTrace` and its `snapshot()`), `engine.snapshot_pool()`,
+`engine.get_scheduler_stats()`, `engine.scheduler.max_num_scheduled_tokens` / `max_num_running_reqs` and
+`engine.model_runner.input_batch` (labs/views/__init__.py). They must never monkeypatch an engine object (replace one of its
 methods, `setattr`, `del obj.method`) nor reach into the scheduler's or the KV cache's internals. This is a
 source scan (docstrings and comments do not count): each rule below names what it forbids.
 """
@@ -20,7 +20,7 @@ VIEWS = Path(__file__).resolve().parents[1] / "labs" / "views"
 
 # Names a view gives to engine objects: an attribute chain rooted at one of them is an engine read.
 ENGINE_ROOTS = {"llm", "llm_engine", "engine", "scheduler", "runner", "model_runner", "input_batch"}
-# Internals behind `make_stats()`: reading them anywhere in a view is forbidden.
+# Internals behind `snapshot_pool()` / the trace: reading them anywhere in a view is forbidden.
 INTERNAL_ATTRS = {"kv_cache_manager", "block_pool", "free_block_queue", "batch_update_builder"}
 # `<owner>.<attr>` reads that bypass the stats: the scheduler's request map and queues, the runner's states.
 INTERNAL_READS = {
@@ -28,7 +28,7 @@ INTERNAL_READS = {
     "runner": {"requests"},
     "model_runner": {"requests"},
 }
-MAX_DEPTH = 2  # engine.model_runner.last_inputs is fine; engine.scheduler.x.y is three deep
+MAX_DEPTH = 2  # engine.model_runner.input_batch is fine; engine.scheduler.x.y is three deep
 
 
 def _engine_method_names() -> set[str]:
@@ -98,13 +98,13 @@ def scan_source(source: str, engine_methods: set[str]) -> list[str]:
                 name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
                 if name in INTERNAL_ATTRS:
                     report(node, f"{node.func.id}(..., {name!r}): an engine internal")
-        # 3. no internals: the KV pool and the scheduler's queues are read through make_stats()
+        # 3. no internals: the KV pool and the scheduler's queues are read through a PoolSnapshot
         if isinstance(node, ast.Attribute):
             chain = _chain(node)
             if node.attr in INTERNAL_ATTRS:
-                report(node, f"reads `{'.'.join(chain)}`: use engine.scheduler.make_stats() (SchedulerStats)")
+                report(node, f"reads `{'.'.join(chain)}`: use engine.snapshot_pool() / trace.snapshot() (PoolSnapshot)")
             if len(chain) > 1 and node.attr in INTERNAL_READS.get(chain[-2], ()):
-                report(node, f"reads `{'.'.join(chain)}`: use make_stats() / engine.last_scheduler_output")
+                report(node, f"reads `{'.'.join(chain)}`: use a PoolSnapshot / a step observer's StepTrace")
     # 4. never three attributes deep into the engine
     for node in _outermost_attributes(tree):
         chain = _chain(node)
@@ -125,8 +125,8 @@ def test_views_read_only_the_public_engine_surface(path, engine_methods):
     assert not violations, (
         f"labs/views/{path.name} reaches past the engine's public surface "
         "(allowed: llm.llm_engine, engine.step/add_request/has_unfinished_requests, "
-        "engine.last_scheduler_output, engine.scheduler.make_stats(), engine.model_runner.last_inputs / "
-        "input_batch):\n  " + "\n  ".join(violations)
+        "engine.add_step_observer (StepTrace), engine.snapshot_pool(), engine.get_scheduler_stats(), "
+        "engine.model_runner.input_batch):\n  " + "\n  ".join(violations)
     )
 
 
@@ -145,7 +145,7 @@ def record(llm):
     live = scheduler.requests.values()
     names = [r.request_id for r in scheduler.running] + [r.request_id for r in scheduler.waiting]
     states = engine.model_runner.requests
-    inputs = getattr(engine.model_runner, "last_inputs", None)
+    inputs = getattr(engine.model_runner, "input_batch", None)
     deep = llm.llm_engine.model_runner.input_batch
     return free, live, names, states, inputs, deep
 '''
@@ -154,13 +154,16 @@ GOOD_VIEW = '''
 def record(llm):
     engine = llm.llm_engine
     runner = engine.model_runner
+    traces = []
+    remove = engine.add_step_observer(lambda trace: traces.append((trace, trace.snapshot())))
     engine.step()
-    stats = engine.scheduler.make_stats()
-    output = engine.last_scheduler_output
+    remove()
+    trace, pool = traces[0]
+    stats = engine.get_scheduler_stats()
     rows = [state.req_id for state in runner.input_batch.occupied_requests()]
-    snapshot = make_snapshot(stats.free_block_ids, output.scheduled_cached_reqs.req_ids, rows)
+    snapshot = make_snapshot(pool.free_block_ids, trace.scheduler_output.scheduled_cached_reqs.req_ids, rows)
     snapshot.events = []
-    return snapshot, runner.last_inputs, engine.scheduler.max_num_scheduled_tokens
+    return snapshot, trace.inputs, stats.num_running_reqs, engine.scheduler.max_num_scheduled_tokens
 '''
 
 

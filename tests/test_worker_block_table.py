@@ -11,7 +11,8 @@ import random
 
 import torch
 
-from mini import LLM, SamplingParams, seams
+from labs import plug
+from mini import LLM, SamplingParams, roles
 from mini.worker.block_table import BlockTable
 from mini.worker.prepare_inputs import make_block_table
 
@@ -59,17 +60,13 @@ def test_a_reused_request_id_gets_its_own_blocks(tiny_llama_dir):
 
 
 def test_engine_steps_match_the_pure_prepare_inputs(tiny_llama_dir):
-    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=2, max_model_len=64,
-              num_gpu_blocks_override=14, max_num_batched_tokens=12, max_num_seqs=4)
-    engine = llm.llm_engine
-    runner = engine.model_runner
-    pure_prepare_inputs = seams.reference("prepare_inputs")
-    reference_run_model = seams.reference("run_model")
+    pure_prepare_inputs = roles.reference("prepare_inputs")
+    reference_run_model = roles.reference("run_model")
     compared = []
 
     def run_model_and_compare(model, kv_caches, inputs, metadata):
         states = runner.input_batch.occupied_requests()
-        scheduled = [engine.last_scheduler_output.num_scheduled_tokens[s.req_id] for s in states]
+        scheduled = (inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]).tolist()
         pure = pure_prepare_inputs([s.all_token_ids for s in states], [s.num_computed_tokens for s in states],
                                    scheduled, [s.block_ids for s in states], runner.block_size)
         for name in pure:
@@ -77,15 +74,20 @@ def test_engine_steps_match_the_pure_prepare_inputs(tiny_llama_dir):
         compared.append(len(states))
         return reference_run_model(model, kv_caches, inputs, metadata)
 
+    with plug(run_model=run_model_and_compare):  # replacing run_model keeps the fast input path
+        llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=2, max_model_len=64,
+                  num_gpu_blocks_override=14, max_num_batched_tokens=12, max_num_seqs=4)
+    engine = llm.llm_engine
+    runner = engine.model_runner
+    assert not runner.uses_reference_inputs
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    with seams.override(run_model=run_model_and_compare):
-        for step in range(200):
-            if step % 2 == 0 and step < 36:
-                prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, 14))]
-                engine.add_request(f"r{step}", {"prompt_token_ids": prompt}, params)
-            if not engine.has_unfinished_requests():
-                break
-            engine.step()
+    for step in range(200):
+        if step % 2 == 0 and step < 36:
+            prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, 14))]
+            engine.add_request(f"r{step}", {"prompt_token_ids": prompt}, params)
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
     assert len(compared) > 30 and max(compared) > 1
     assert engine.scheduler.num_preemptions_total > 0, "the pool is small enough to preempt"

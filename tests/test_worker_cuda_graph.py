@@ -20,7 +20,8 @@ import logging
 import pytest
 import torch
 
-from mini import LLM, SamplingParams, seams
+from labs import plug
+from mini import LLM, SamplingParams, roles
 from mini.config import EngineConfig
 from mini.worker import cuda_graph
 from mini.worker import model_runner as model_runner_module
@@ -114,8 +115,8 @@ def test_when_graphs_are_off():
     assert cuda_graph.disabled_reason(EngineConfig(max_model_len=64), "triton", cuda_graph.CudaGraph) is None
     # The stand-in reruns host code on replay, so any backend may use it.
     assert cuda_graph.disabled_reason(EngineConfig(max_model_len=64), "torch", cuda_graph.EagerReplayGraph) is None
-    with seams.override(rms_norm=seams.reference("rms_norm")):
-        assert "seam" in cuda_graph.disabled_reason(EngineConfig(max_model_len=64), "triton", cuda_graph.CudaGraph)
+    assert "would not see the replacement" in cuda_graph.disabled_reason(
+        EngineConfig(max_model_len=64), "triton", cuda_graph.CudaGraph, ["rms_norm"])
 
 
 def test_cpu_engine_runs_eager_and_says_why(tiny_llama_dir, caplog):
@@ -149,8 +150,6 @@ def test_padded_size_and_can_run():
     assert not runner.can_run(num_reqs=3, num_tokens=5)        # a prefill (chunk) or drafts in the batch
     assert not runner.can_run(num_reqs=9, num_tokens=9)        # above the largest captured size
     assert not runner.can_run(num_reqs=0, num_tokens=0)
-    with seams.override(rms_norm=seams.reference("rms_norm")):
-        assert not runner.can_run(num_reqs=3, num_tokens=3)    # a graph would not see the replacement
 
 
 def test_prepare_pads_a_decode_batch_to_the_captured_size():
@@ -201,7 +200,7 @@ class StepSpy:
             spy.replays.append((int(inputs.input_ids.shape[0]), size))
             return original_prepare(runner, inputs, size)
 
-        monkeypatch.setattr(model_runner_module, "run_model", run_model)
+        monkeypatch.setattr(model_runner_module.ModelRunner, "run_model", staticmethod(run_model))
         monkeypatch.setattr(cuda_graph.CudaGraphRunner, "prepare", prepare)
 
 
@@ -294,13 +293,19 @@ def test_broken_padding_changes_the_output(tiny_llama_dir, monkeypatch):
     assert llm.llm_engine.model_runner.cuda_graph_runner.num_padded_replays > 0
 
 
-def test_replaced_seam_runs_eager(tiny_llama_dir, monkeypatch):
-    llm = build_llm(tiny_llama_dir, "torch_fast", stand_in=True, monkeypatch=monkeypatch)
+def test_an_engine_replacing_a_forward_part_captures_nothing(tiny_llama_dir, monkeypatch, caplog):
+    """Decided at start-up: a part of the forward replaced (rms_norm) -> no graphs, eager decode, same tokens;
+    a part outside the forward (the sampler's) keeps the graphs."""
+    expected = greedy(build_llm(tiny_llama_dir, "torch_fast", stand_in=True, monkeypatch=monkeypatch), [3, 5], [4, 4])
+    with plug(rms_norm=roles.reference("rms_norm")), caplog.at_level(logging.INFO, logger="mini.worker"):
+        llm = build_llm(tiny_llama_dir, "torch_fast", stand_in=True, monkeypatch=monkeypatch)
+    assert llm.llm_engine.model_runner.cuda_graph_runner is None
+    assert "['rms_norm']" in caplog.text
+    assert greedy(llm, [3, 5], [4, 4]) == expected
+    with plug(random_sample=roles.reference("random_sample")):
+        llm = build_llm(tiny_llama_dir, "torch_fast", stand_in=True, monkeypatch=monkeypatch)
     runner = llm.llm_engine.model_runner.cuda_graph_runner
-    with seams.override(rms_norm=seams.reference("rms_norm")):
-        greedy(llm, [3, 5], [4, 4])
-    assert runner.num_replays == 0
-    greedy(llm, [3, 5], [4, 4])
+    assert greedy(llm, [3, 5], [4, 4]) == expected
     assert runner.num_replays > 0
 
 

@@ -263,7 +263,7 @@ def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterab
 
 
 PHASE = Phase("00_autoregressive_loop", (
-    Exercise("kv_bytes_per_block", check_kv_bytes_per_block, points=2, grade_id="test-kv-bytes", seam="kv_bytes_per_block"),
+    Exercise("kv_bytes_per_block", check_kv_bytes_per_block, points=2, grade_id="test-kv-bytes"),
     Exercise("generate_naive", check_generate_naive, points=3, grade_id="test-generate-naive"),
     Exercise("generate_with_kv_cache", check_generate_with_kv_cache, points=3, grade_id="test-generate-with-kv-cache"),
 ))

@@ -27,7 +27,7 @@ from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
-from mini.core.block_pool import BlockPool
+from mini.core.block_pool import BlockPool, usable_blocks
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, sha256
 from mini.core.request import Request
@@ -353,7 +353,7 @@ def _free_case(seed: int) -> dict[str, Any]:
         return {"num_gpu_blocks": 8, "enable_caching": True, "count": 5, "shared_at": [0, 1],
                 "cached_at": [1, 2], "order_at": [4, 3, 2, 1, 0]}
     num_gpu_blocks = rng.randint(3, 14)
-    count = rng.randint(1, num_gpu_blocks - 1)
+    count = rng.randint(1, usable_blocks(num_gpu_blocks))
     return {"num_gpu_blocks": num_gpu_blocks, "enable_caching": rng.random() < 0.6, "count": count,
             "shared_at": rng.sample(range(count), rng.randint(0, count)),
             "cached_at": rng.sample(range(count), rng.randint(0, count)),
@@ -546,8 +546,8 @@ def _replay_allocations(reference: KVCacheManager, manager: KVCacheManager, ops:
 
 
 PHASE = Phase("01_paged_kv", (
-    Exercise("FreeKVCacheBlockQueue", check_free_block_queue, points=4, grade_id="test-free-block-queue", seam="FreeKVCacheBlockQueue"),
-    Exercise("get_new_blocks", check_get_new_blocks, points=2, grade_id="test-get-new-blocks", seam="get_new_blocks"),
-    Exercise("free_blocks", check_free_blocks, points=2, grade_id="test-free-blocks", seam="free_blocks"),
-    Exercise("allocate_slots", check_allocate_slots, points=3, grade_id="test-allocate-slots", seam="allocate_slots"),
+    Exercise("FreeKVCacheBlockQueue", check_free_block_queue, points=4, grade_id="test-free-block-queue", part="FreeKVCacheBlockQueue"),
+    Exercise("get_new_blocks", check_get_new_blocks, points=2, grade_id="test-get-new-blocks", part="get_new_blocks"),
+    Exercise("free_blocks", check_free_blocks, points=2, grade_id="test-free-blocks", part="free_blocks"),
+    Exercise("allocate_slots", check_allocate_slots, points=3, grade_id="test-allocate-slots", part="allocate_slots"),
 ))

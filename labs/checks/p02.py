@@ -270,8 +270,8 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
 
 
 PHASE = Phase("02_slot_mapping", (
-    Exercise("compute_query_start_loc", check_query_start_loc, points=2, grade_id="test-query-start-loc", seam="compute_query_start_loc"),
-    Exercise("compute_positions", check_positions, points=2, grade_id="test-positions", seam="compute_positions"),
-    Exercise("compute_slot_mapping", check_slot_mapping, points=3, grade_id="test-slot-mapping", seam="compute_slot_mapping"),
-    Exercise("prepare_inputs", check_prepare_inputs, points=3, grade_id="test-prepare-inputs", seam="prepare_inputs"),
+    Exercise("compute_query_start_loc", check_query_start_loc, points=2, grade_id="test-query-start-loc", part="compute_query_start_loc"),
+    Exercise("compute_positions", check_positions, points=2, grade_id="test-positions", part="compute_positions"),
+    Exercise("compute_slot_mapping", check_slot_mapping, points=3, grade_id="test-slot-mapping", part="compute_slot_mapping"),
+    Exercise("prepare_inputs", check_prepare_inputs, points=3, grade_id="test-prepare-inputs", part="prepare_inputs"),
 ))

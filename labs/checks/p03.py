@@ -27,7 +27,7 @@ import torch
 from labs.checks.common import calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini.attention import reference
-from mini.attention.reference import AttentionMetadata
+from mini.attention.metadata import AttentionMetadata, build_attention_metadata
 from mini.worker import prepare_inputs as prep
 
 WORKED_EXAMPLE = {
@@ -85,21 +85,11 @@ def _batches(seeds: Iterable[int]) -> list[dict[str, Any]]:
 
 
 def _metadata(batch: dict[str, Any]) -> AttentionMetadata:
+    """The step's metadata as the engine builds it: phase 02's flat batch, then the one metadata builder."""
     computed, scheduled = batch["num_computed_tokens"], batch["num_scheduled_tokens"]
-    query_start_loc = prep.compute_query_start_loc(scheduled)
-    positions = prep.compute_positions(computed, scheduled)
-    req_indices = torch.repeat_interleave(torch.arange(len(scheduled)), torch.as_tensor(scheduled))
-    block_table = prep.make_block_table(batch["block_ids"])
-    seq_lens = [c + s for c, s in zip(computed, scheduled)]
-    return AttentionMetadata(
-        num_actual_tokens=sum(scheduled),
-        query_start_loc=query_start_loc,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_table=block_table,
-        slot_mapping=prep.compute_slot_mapping(block_table, req_indices, positions, batch["block_size"]),
-        max_query_len=max(scheduled),
-        max_seq_len=max(seq_lens),
-    )
+    token_ids = [[0] * (c + s) for c, s in zip(computed, scheduled)]  # attention never reads the token ids
+    return build_attention_metadata(
+        prep.prepare_inputs(token_ids, computed, scheduled, batch["block_ids"], batch["block_size"]))
 
 
 def _shown(batch: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +273,7 @@ def check_paged_attention(paged_attention: Callable, seeds: Iterable[int] = rang
 
 
 PHASE = Phase("03_paged_attention", (
-    Exercise("store_kv", check_store_kv, points=3, grade_id="test-store-kv", seam="store_kv"),
-    Exercise("gather_kv", check_gather_kv, points=2, grade_id="test-gather-kv", seam="gather_kv"),
-    Exercise("paged_attention", check_paged_attention, points=5, grade_id="test-paged-attention", seam="paged_attention"),
+    Exercise("store_kv", check_store_kv, points=3, grade_id="test-store-kv", part="store_kv"),
+    Exercise("gather_kv", check_gather_kv, points=2, grade_id="test-gather-kv", part="gather_kv"),
+    Exercise("paged_attention", check_paged_attention, points=5, grade_id="test-paged-attention", part="paged_attention"),
 ))

@@ -454,8 +454,8 @@ def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[
     from mini.core.kv_cache_manager import KVCacheManager
     from mini.core.request import Request
     from mini.core.sched.scheduler import Scheduler
+    from mini.runner_outputs import ModelRunnerOutput
     from mini.sampling_params import SamplingParams
-    from mini.worker.model_runner_output import ModelRunnerOutput
 
     config = EngineConfig(
         block_size=workload["block_size"],
@@ -631,10 +631,10 @@ def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)
 
 
 PHASE = Phase("04_model_runner", (
-    Exercise("compute_logits_indices", check_logits_indices, points=2, grade_id="test-logits-indices", seam="compute_logits_indices"),
-    Exercise("rms_norm", check_rms_norm, points=2, grade_id="test-rms-norm", seam="rms_norm"),
-    Exercise("apply_rotary", check_apply_rotary, points=2, grade_id="test-apply-rotary", seam="apply_rotary"),
-    Exercise("build_attention_metadata", check_build_attention_metadata, points=2, grade_id="test-attention-metadata", seam="build_attention_metadata"),
-    Exercise("run_model", check_run_model, points=4, grade_id="test-run-model", seam="run_model"),
-    Exercise("update_states", check_update_states, points=4, grade_id="test-update-states", seam="update_states"),
+    Exercise("compute_logits_indices", check_logits_indices, points=2, grade_id="test-logits-indices", part="compute_logits_indices"),
+    Exercise("rms_norm", check_rms_norm, points=2, grade_id="test-rms-norm", part="rms_norm"),
+    Exercise("apply_rotary", check_apply_rotary, points=2, grade_id="test-apply-rotary", part="apply_rotary"),
+    Exercise("build_attention_metadata", check_build_attention_metadata, points=2, grade_id="test-attention-metadata", part="build_attention_metadata"),
+    Exercise("run_model", check_run_model, points=4, grade_id="test-run-model", part="run_model"),
+    Exercise("update_states", check_update_states, points=4, grade_id="test-update-states", part="update_states"),
 ))

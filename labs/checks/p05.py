@@ -36,8 +36,8 @@ from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request
 from mini.core.sched import scheduler as reference
 from mini.core.sched.request_queue import SchedulingPolicy
+from mini.runner_outputs import ModelRunnerOutput
 from mini.sampling_params import SamplingParams
-from mini.worker.model_runner_output import ModelRunnerOutput
 
 VOCAB_SIZE = 50
 
@@ -528,7 +528,7 @@ _HINTS = {
 
 
 PHASE = Phase("05_scheduler", (
-    Exercise("num_tokens_to_schedule", check_num_tokens_to_schedule, points=2, grade_id="test-num-tokens", seam="num_tokens_to_schedule"),
-    Exercise("select_preemption_victim", check_select_preemption_victim, points=2, grade_id="test-victim", seam="select_preemption_victim"),
-    Exercise("schedule", check_schedule, points=5, grade_id="test-schedule", seam="schedule"),
+    Exercise("num_tokens_to_schedule", check_num_tokens_to_schedule, points=2, grade_id="test-num-tokens", part="num_tokens_to_schedule"),
+    Exercise("select_preemption_victim", check_select_preemption_victim, points=2, grade_id="test-victim", part="select_preemption_victim"),
+    Exercise("schedule", check_schedule, points=5, grade_id="test-schedule", part="schedule"),
 ))

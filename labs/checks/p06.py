@@ -512,8 +512,8 @@ def check_step(step: Callable, seeds: Iterable[int] = range(3)) -> None:
 
 
 PHASE = Phase("06_engine_loop", (
-    Exercise("detokenize_incrementally", check_detokenize_incrementally, points=3, grade_id="test-detokenize", seam="detokenize_incrementally"),
-    Exercise("check_stop_strings", check_check_stop_strings, points=2, grade_id="test-stop-strings", seam="check_stop_strings"),
-    Exercise("check_stop", check_check_stop, points=2, grade_id="test-check-stop", seam="check_stop"),
-    Exercise("step", check_step, points=3, grade_id="test-step", seam="step"),
+    Exercise("detokenize_incrementally", check_detokenize_incrementally, points=3, grade_id="test-detokenize", part="detokenize_incrementally"),
+    Exercise("check_stop_strings", check_check_stop_strings, points=2, grade_id="test-stop-strings", part="check_stop_strings"),
+    Exercise("check_stop", check_check_stop, points=2, grade_id="test-check-stop", part="check_stop"),
+    Exercise("step", check_step, points=3, grade_id="test-step"),
 ))

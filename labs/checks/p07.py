@@ -244,14 +244,14 @@ def _check_store(name: str, run: Callable[[dict[str, Any]], None], seeds: Iterab
 
 
 def check_store_kv_kernel(_store_kv_kernel: Any, seeds: Iterable[int] = range(6)) -> None:
-    """Your kernel, launched exactly as mini.attention.triton_paged.store_kv launches its own."""
+    """Your kernel, launched exactly as mini.attention.triton_paged.store_kv launches its own (the engine's
+    Triton backend passes its kernel the same way, as `store_kv`'s `_store_kv_kernel` argument)."""
     __tracebackhide__ = True
     triton_paged = _require_triton()
-    from labs import plug
 
     def run(batch: dict[str, Any]) -> None:
-        with plug(_store_kv_kernel=_store_kv_kernel):
-            triton_paged.store_kv(batch["key"], batch["value"], batch["kv_cache"], batch["metadata"].slot_mapping)
+        triton_paged.store_kv(batch["key"], batch["value"], batch["kv_cache"], batch["metadata"].slot_mapping,
+                              _store_kv_kernel=_store_kv_kernel)
 
     _check_store("_store_kv_kernel", run, seeds)
 
@@ -303,14 +303,14 @@ def _check_decode(name: str, run: Callable[[dict[str, Any]], Any], seeds: Iterab
 
 
 def check_paged_decode_kernel(_paged_decode_kernel: Any, seeds: Iterable[int] = range(6)) -> None:
-    """Your kernel, launched exactly as mini.attention.triton_paged.paged_decode launches its own."""
+    """Your kernel, launched exactly as mini.attention.triton_paged.paged_decode launches its own (as its
+    `_paged_decode_kernel` argument, the way the engine's Triton backend passes its kernel)."""
     __tracebackhide__ = True
     triton_paged = _require_triton()
-    from labs import plug
 
     def run(batch: dict[str, Any]) -> Any:
-        with plug(_paged_decode_kernel=_paged_decode_kernel):
-            return triton_paged.paged_decode(batch["query"], batch["kv_cache"], batch["metadata"], batch["scale"])
+        return triton_paged.paged_decode(batch["query"], batch["kv_cache"], batch["metadata"], batch["scale"],
+                                         _paged_decode_kernel=_paged_decode_kernel)
 
     _check_decode("_paged_decode_kernel", run, seeds)
 
@@ -372,8 +372,8 @@ def stand_in_triton() -> tuple[Any, Any]:
 
 PHASE = Phase("07_attention_kernel", (
     Exercise("online_softmax_update", check_online_softmax_update, points=2, grade_id="test-online-softmax"),
-    Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel", seam="_store_kv_kernel", needs_triton=True),
-    Exercise("store_kv", check_store_kv, points=1, grade_id="test-store-kv", seam="triton_store_kv", needs_triton=True),
-    Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=4, grade_id="test-decode-kernel", seam="_paged_decode_kernel", needs_triton=True),
-    Exercise("paged_decode", check_paged_decode, points=1, grade_id="test-paged-decode", seam="paged_decode", needs_triton=True),
+    Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel", part="_store_kv_kernel", needs_triton=True),
+    Exercise("store_kv", check_store_kv, points=1, grade_id="test-store-kv", part="triton_store_kv", needs_triton=True),
+    Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=4, grade_id="test-decode-kernel", part="_paged_decode_kernel", needs_triton=True),
+    Exercise("paged_decode", check_paged_decode, points=1, grade_id="test-paged-decode", part="paged_decode", needs_triton=True),
 ))

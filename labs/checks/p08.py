@@ -384,8 +384,8 @@ def check_gather_logprobs(gather_logprobs: Callable, seeds: Iterable[int] = rang
 
 
 PHASE = Phase("08_sampler", (
-    Exercise("apply_temperature", check_apply_temperature, points=2, grade_id="test-temperature", seam="apply_temperature"),
-    Exercise("apply_top_k_top_p", check_apply_top_k_top_p, points=4, grade_id="test-top-k-top-p", seam="apply_top_k_top_p"),
-    Exercise("random_sample", check_random_sample, points=3, grade_id="test-random-sample", seam="random_sample"),
-    Exercise("gather_logprobs", check_gather_logprobs, points=3, grade_id="test-gather-logprobs", seam="gather_logprobs"),
+    Exercise("apply_temperature", check_apply_temperature, points=2, grade_id="test-temperature", part="apply_temperature"),
+    Exercise("apply_top_k_top_p", check_apply_top_k_top_p, points=4, grade_id="test-top-k-top-p", part="apply_top_k_top_p"),
+    Exercise("random_sample", check_random_sample, points=3, grade_id="test-random-sample", part="random_sample"),
+    Exercise("gather_logprobs", check_gather_logprobs, points=3, grade_id="test-gather-logprobs", part="gather_logprobs"),
 ))

@@ -1,7 +1,7 @@
 """Checks for phase 09 (penalties and logits processors), against mini.sample and mini.worker.input_batch.
 
     check_apply_all_penalties(apply_all_penalties)       vs mini.sample.ops.penalties.apply_all_penalties
-    check_process_dict_updates(process_dict_updates)     vs mini.sample.logits_processor.state.process_dict_updates
+    check_process_dict_updates(process_dict_updates)     vs mini.sample.logits_processor.builtin.process_dict_updates
     check_min_tokens_processor(MinTokensLogitsProcessor) vs mini.sample.logits_processor.builtin.MinTokensLogitsProcessor
     check_condense(condense)                             vs mini.worker.input_batch.InputBatch.condense
 
@@ -23,8 +23,8 @@ import torch
 from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini.sample.logits_processor.builtin import MinTokensLogitsProcessor as ReferenceMinTokens
+from mini.sample.logits_processor.builtin import process_dict_updates as reference_process_dict_updates
 from mini.sample.logits_processor.interface import BatchUpdate, LogitsProcessorConfig, MoveDirectionality
-from mini.sample.logits_processor.state import process_dict_updates as reference_process_dict_updates
 from mini.sample.ops.penalties import apply_all_penalties as reference_apply_all_penalties
 from mini.sampling_params import SamplingParams
 from mini.worker.input_batch import CachedRequestState, InputBatch
@@ -453,8 +453,8 @@ def check_condense(condense: Callable, seeds: Iterable[int] = range(30)) -> None
 
 
 PHASE = Phase("09_logits_processors", (
-    Exercise("apply_all_penalties", check_apply_all_penalties, points=4, grade_id="test-penalties", seam="apply_all_penalties"),
-    Exercise("process_dict_updates", check_process_dict_updates, points=3, grade_id="test-dict-updates", seam="process_dict_updates"),
-    Exercise("MinTokensLogitsProcessor", check_min_tokens_processor, points=4, grade_id="test-min-tokens", seam="MinTokensLogitsProcessor"),
-    Exercise("condense", check_condense, points=3, grade_id="test-condense", seam="condense"),
+    Exercise("apply_all_penalties", check_apply_all_penalties, points=4, grade_id="test-penalties", part="apply_all_penalties"),
+    Exercise("process_dict_updates", check_process_dict_updates, points=3, grade_id="test-dict-updates", part="process_dict_updates"),
+    Exercise("MinTokensLogitsProcessor", check_min_tokens_processor, points=4, grade_id="test-min-tokens", part="MinTokensLogitsProcessor"),
+    Exercise("condense", check_condense, points=3, grade_id="test-condense", part="condense"),
 ))

@@ -21,7 +21,7 @@ from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
-from mini import seams
+from mini import roles
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_utils import sha256
@@ -42,7 +42,7 @@ def _hash_functions() -> dict[str, Callable[[Any], bytes]]:
 
 
 def _reference(name: str) -> Callable:
-    return seams.reference(name)
+    return roles.reference(name)
 
 
 # ---------------------------------------------------------------- hash_block_tokens
@@ -213,8 +213,8 @@ def check_touch(candidate: Callable, seeds: Iterable[int] = range(20)) -> None:
 
 
 PHASE = Phase("10_prefix_caching", (
-    Exercise("hash_block_tokens", check_hash_block_tokens, points=2, grade_id="test-hash-block-tokens", seam="hash_block_tokens"),
-    Exercise("hash_request_tokens", check_hash_request_tokens, points=2, grade_id="test-hash-request-tokens", seam="hash_request_tokens"),
-    Exercise("find_longest_cache_hit", check_find_longest_cache_hit, points=3, grade_id="test-longest-hit", seam="find_longest_cache_hit"),
-    Exercise("touch", check_touch, points=2, grade_id="test-touch", seam="touch"),
+    Exercise("hash_block_tokens", check_hash_block_tokens, points=2, grade_id="test-hash-block-tokens", part="hash_block_tokens"),
+    Exercise("hash_request_tokens", check_hash_request_tokens, points=2, grade_id="test-hash-request-tokens", part="hash_request_tokens"),
+    Exercise("find_longest_cache_hit", check_find_longest_cache_hit, points=3, grade_id="test-longest-hit", part="find_longest_cache_hit"),
+    Exercise("touch", check_touch, points=2, grade_id="test-touch", part="touch"),
 ))

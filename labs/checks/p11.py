@@ -17,8 +17,7 @@ import torch
 
 from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
-from mini import seams
-from mini.structured_output import bitmask as _bitmask  # noqa: F401  (registers its seam)
+from mini import roles
 from mini.structured_output.dfa import DEAD, DFA, build_dfa, byte_classes
 from mini.structured_output.regex_nfa import build_nfa
 from mini.structured_output.regex_parser import parse_regex
@@ -29,7 +28,7 @@ ALPHABET = "abc01-x"
 
 
 def _reference(name: str) -> Callable:
-    return seams.reference(name)
+    return roles.reference(name)
 
 
 def _random_regex(rng: random.Random, depth: int = 2) -> str:
@@ -211,12 +210,12 @@ def _count_bitmask_calls(candidate: Callable, num_rows: int, vocab_size: int) ->
 
 PHASE = Phase("11_structured_output", (
     Exercise("epsilon_closure", check_epsilon_closure, points=2, grade_id="test-epsilon-closure",
-             seam="epsilon_closure"),
+             part="epsilon_closure"),
     Exercise("subset_construction", check_subset_construction, points=3, grade_id="test-subset-construction",
-             seam="subset_construction"),
+             part="subset_construction"),
     Exercise("allowed_token_ids", check_allowed_token_ids, points=3, grade_id="test-allowed-token-ids",
-             seam="allowed_token_ids"),
-    Exercise("pack_allowed", check_pack_allowed, points=2, grade_id="test-pack-allowed", seam="pack_allowed"),
+             part="allowed_token_ids"),
+    Exercise("pack_allowed", check_pack_allowed, points=2, grade_id="test-pack-allowed", part="pack_allowed"),
     Exercise("apply_token_bitmask_inplace", check_apply_token_bitmask_inplace, points=2,
-             grade_id="test-apply-bitmask", seam="apply_token_bitmask_inplace"),
+             grade_id="test-apply-bitmask", part="apply_token_bitmask_inplace"),
 ))

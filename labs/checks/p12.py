@@ -1,4 +1,4 @@
-"""Checks for phase 12 (speculative decoding), against mini's seams.
+"""Checks for phase 12 (speculative decoding), against the engine's reference parts (mini/roles.py).
 
     check_propose_ngram(propose_ngram)                    vs mini.spec_decode.ngram_proposer.propose_ngram
     check_compute_residual_probs(compute_residual_probs)  vs mini.sample.rejection_sampler.compute_residual_probs
@@ -23,7 +23,6 @@ vllm/v1/core/sched/scheduler.py).
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -32,23 +31,16 @@ import torch
 
 from labs.checks.common import calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
-from mini import seams
+from mini import roles
 
 PLACEHOLDER_TOKEN_ID = -1
-# Where each seam is registered (imported on first use, so this module imports without the engine).
-_SEAM_MODULES = {
-    "propose_ngram": "mini.spec_decode.ngram_proposer",
-    "compute_residual_probs": "mini.sample.rejection_sampler",
-    "rejection_sample": "mini.sample.rejection_sampler",
-    "rollback_spec_tokens": "mini.core.sched.scheduler",
-}
 # Chi-square bound for 4 degrees of freedom (5 tokens): a correct sampler exceeds it with probability ~2e-6.
 CHI_SQUARE_BOUND = 30.0
 
 
 def _reference(name: str) -> Callable:
-    importlib.import_module(_SEAM_MODULES[name])
-    return seams.reference(name)
+    """The engine's own implementation of part `name` (its module is imported on first use)."""
+    return roles.reference(name)
 
 
 def _short_tensor(values: torch.Tensor) -> list:
@@ -453,11 +445,11 @@ def check_rollback_spec_tokens(rollback_spec_tokens: Callable, seeds: Iterable[i
 
 
 PHASE = Phase("12_spec_decode", (
-    Exercise("propose_ngram", check_propose_ngram, points=2, grade_id="test-propose-ngram", seam="propose_ngram"),
+    Exercise("propose_ngram", check_propose_ngram, points=2, grade_id="test-propose-ngram", part="propose_ngram"),
     Exercise("compute_residual_probs", check_compute_residual_probs, points=2, grade_id="test-residual-probs",
-             seam="compute_residual_probs"),
+             part="compute_residual_probs"),
     Exercise("rejection_sample", check_rejection_sample, points=4, grade_id="test-rejection-sample",
-             seam="rejection_sample"),
+             part="rejection_sample"),
     Exercise("rollback_spec_tokens", check_rollback_spec_tokens, points=2, grade_id="test-rollback-spec-tokens",
-             seam="rollback_spec_tokens"),
+             part="rollback_spec_tokens"),
 ))

@@ -4,7 +4,7 @@
     check_find_breaking_component(find_breaking_component)   vs labs.assemble.find_breaking_component
     check_phase_scores(phase_scores)                         vs labs.assemble.phase_scores
 
-The capstone's exercises plug into no engine seam: they are the tools that judge an assembled engine
+The capstone's exercises write no part of an engine role: they are the tools that judge an assembled engine
 (where two runs part, which component breaks exactness, what the report card adds up to).
 
 vLLM counterparts: none of the three is a function of vLLM's. The nearest, `check_outputs_equal` and
@@ -119,23 +119,22 @@ def _judge_bisect(candidate: Callable, components: list[str], oracle: _Oracle, l
 
 def _engine_case() -> tuple[list[str], _Oracle]:
     """Real engine components (the reference's code) plus one deliberately broken one, on the shipped model."""
-    from labs.plugging import lab_names, plug
-    from mini import LLM, SamplingParams, seams
+    from labs.plugging import plug
+    from mini import LLM, SamplingParams, roles
 
-    lab_names()  # registers every seam
     components = ["compute_positions", "compute_slot_mapping", "rms_norm", "apply_rotary",
                   "compute_logits_indices", "apply_temperature", "check_stop"]
 
     def logits_of_first_tokens(query_start_loc):  # the slip: each request's FIRST scheduled row
         return query_start_loc[:-1].long()
 
-    parts = {name: seams.reference(name) for name in components}
+    parts = {name: roles.reference(name) for name in components}
     parts["compute_logits_indices"] = logits_of_first_tokens
-    llm = LLM(skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=32, max_model_len=64)
     prompts = [{"prompt_token_ids": [1, 2, 3, 4, 5]}, {"prompt_token_ids": [1, 6, 5, 7, 8, 9, 10]}]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
-    def tokens() -> list[list[int]]:
+    def tokens() -> list[list[int]]:   # an engine built now chooses the parts plugged now
+        llm = LLM(skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=32, max_model_len=64)
         return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params, use_tqdm=False)]
 
     expected = tokens()

@@ -4,13 +4,16 @@ Mirrors no vllm/v1 file: this package is course code beside the engine (`mini/` 
 view draws the state of the vLLM module it names, but reads a live engine ONLY through its public,
 documented surface (mini/README.md, "Internal interfaces"), never by monkeypatching and never deeper:
 
-- `llm.llm_engine` (an `LLMEngine`): `add_request`, `step()`, `has_unfinished_requests()`, `config`, and
-  `last_scheduler_output` (the `SchedulerOutput` of the latest step: what ran, how much, who was preempted);
-- `engine.scheduler.make_stats()` -> `SchedulerStats` (mini/metrics/stats.py): running / waiting ids, each
-  request's block ids and progress, the free-block queue in order, ref counts, pool size, block size; plus
-  `engine.scheduler.max_num_scheduled_tokens` and `max_num_running_reqs`;
-- `engine.model_runner.last_inputs` (the step's `PreparedInputs`) and `engine.model_runner.input_batch`
-  (the persistent batch's rows: `occupied_requests()`).
+- `llm.llm_engine` (an `LLMEngine`): `add_request`, `step()`, `has_unfinished_requests()`, `config`;
+- `engine.add_step_observer(observer)`: the observer gets each step's `StepTrace` (mini/metrics/step_trace.py):
+  the step's `SchedulerOutput` (what ran, how much, who was preempted), the runner's flat inputs and row ids,
+  the persistent batch's `BatchUpdate`, the sampled tokens, the outputs, and `trace.snapshot()`, a
+  `PoolSnapshot` (mini/metrics/stats.py: running / waiting ids, each request's block ids and progress, the
+  free-block queue in order, ref counts, hashes, pool size, block size). `recording.traced_step(engine)`
+  runs one step watched that way;
+- `engine.snapshot_pool()` (the same `PoolSnapshot` between steps) and `engine.get_scheduler_stats()` (the
+  counters: `SchedulerStats`); plus `engine.scheduler.max_num_scheduled_tokens` and `max_num_running_reqs`;
+- `engine.model_runner.input_batch` (the persistent batch's rows: `occupied_requests()`).
 
 `tests/test_views_surface.py` scans these modules and fails on anything else. The views:
 
@@ -29,8 +32,8 @@ documented surface (mini/README.md, "Internal interfaces"), never by monkeypatch
   typed or sampled token by token (vllm/v1/structured_output/);
 - `spec_decode_trace`: per step, each request's drafts, the accepted ones, the rejected one and its
   replacement, the bonus token, and the acceptance-length histogram (vllm/v1/spec_decode/,
-  vllm/v1/sample/rejection_sampler.py); it also reads `last_scheduler_output.scheduled_spec_decode_tokens`
-  and `make_stats().spec_decoding_stats`;
+  vllm/v1/sample/rejection_sampler.py); it also reads `trace.scheduler_output.scheduled_spec_decode_tokens`
+  and `get_scheduler_stats().spec_decoding_stats`;
 - `serving_dashboard`: a live view of a serving engine (running / waiting requests, KV usage, tokens/s),
   fed by the engine's stat loggers (vllm/v1/metrics/loggers.py).
 """
@@ -63,14 +66,14 @@ from labs.views.kernel_access import (
     record_paged_decode,
     replay_paged_decode,
 )
-from labs.views.recording import EngineRecording, KVSnapshot, record_run, snapshot_engine
+from labs.views.recording import EngineRecording, KVSnapshot, record_run, snapshot_engine, traced_step
 
 __all__ = [
     "AttentionMaskView", "BatchLayout", "BlockTableView", "EngineRecording", "KVSnapshot",
     "attention_mask_from_batch", "attention_mask_view", "batch_layout", "batch_layout_from_inputs",
     "batch_layout_widget", "block_table_view", "block_table_widget", "plot_attention_mask",
     "plot_batch_layout", "plot_block_table", "record_run", "render_batch_layout_html",
-    "render_block_table_html", "snapshot_engine",
+    "render_block_table_html", "snapshot_engine", "traced_step",
 ]
 __all__ += ["KernelAccess", "kernel_access_widget", "plot_kernel_access", "record_paged_decode",
             "replay_paged_decode"]

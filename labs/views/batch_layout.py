@@ -200,7 +200,7 @@ def batch_layout_widget(recording: EngineRecording) -> Any:
 
     steps = [s for s in recording.snapshots if s.batch is not None]
     if not steps:
-        raise ValueError("the recording has no batch inputs: record with mini's model runner (last_inputs)")
+        raise ValueError("the recording has no batch inputs: record it with labs.views.record_run")
     layouts = [batch_layout_from_inputs(s.batch, s.block_size, recording.request_ids) for s in steps]
     slider = widgets.IntSlider(value=steps[0].step, min=steps[0].step, max=steps[-1].step, description="step")
     board = widgets.HTML(render_batch_layout_html(layouts[0]))

@@ -4,8 +4,8 @@ Mirrors no single vllm/v1 file; it draws what vllm/v1/worker/gpu_input_batch.py 
 mini/worker/input_batch.py) tells the logits processors through a `BatchUpdate`
 (vllm/v1/sample/logits_processor/interface.py), applied in the order removes -> adds -> moves.
 
-- `record_batch_updates(llm, arrivals)`: step a real engine, rebuild each step's BatchUpdate from its
-  `engine.last_scheduler_output` and check it against the rows of `engine.model_runner.input_batch`;
+- `record_batch_updates(llm, arrivals)`: step a real engine, replay each step's BatchUpdate (a step
+  observer's `trace.batch_update`) and check it against the rows of `engine.model_runner.input_batch`;
 - `record_input_batch(steps)`: the same from an `InputBatch` driven directly (finished / new / swaps);
 - `recording_from_updates(rows, updates)`: hand-written BatchUpdates (e.g. with attention-backend swaps);
 - `replay_batch_update(rows, update, added_ids)` -> `BatchRowsStep`: plain data (unit-tested), every
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labs.views.colors import FREE_COLOR, request_colors
+from labs.views.recording import traced_step
 
 Rows = list  # list[str | None]: the request id in each row, None = hole
 
@@ -190,7 +191,7 @@ def record_batch_updates(
     """Step `llm`'s engine; `arrivals[i] = (step, prompt, params)` adds request "r{i}" before that step.
 
     Each step's BatchUpdate is the one the runner's persistent batch handed its logits processors
-    (`model_runner.input_batch.last_batch_update`); the added rows are named by matching each added
+    (`trace.batch_update` of the step's `StepTrace`, see `traced_step`); the added rows are named by matching each added
     entry's live prompt list with the request states now in the batch.
     """
     engine = llm.llm_engine
@@ -206,12 +207,11 @@ def record_batch_updates(
             if all(arrival <= step for arrival, *_ in arrivals):
                 break
             continue
-        previous_output = engine.last_scheduler_output
-        engine.step()
-        if engine.last_scheduler_output is previous_output:  # nothing was scheduled: the runner did not run
+        _, trace = traced_step(engine, snapshot=False)
+        if trace is None:  # nothing was scheduled: the runner did not run
             continue
         states = input_batch.occupied_requests()
-        update = input_batch.last_batch_update
+        update = trace.batch_update
         by_prompt = {id(state.prompt_token_ids): state.req_id for state in states}
         added_ids = [by_prompt[id(prompt_ids)] for _, _, prompt_ids, _ in update.added] if update else []
         after = [state.req_id for state in states]

@@ -1,8 +1,8 @@
 """Mirrors no vllm/v1 file: a view of the prefix cache of vllm/v1/core/block_pool.py and kv_cache_manager.py.
 
 `record_prefix_cache(llm, prompts, params)` sends the prompts to a real engine one after the other (each
-finishes before the next arrives, as turns of a chat service do) and, after every `step()`, snapshots
-what `engine.scheduler.make_stats()` says about the cache: each request's chain of full-block hashes and
+finishes before the next arrives, as turns of a chat service do) and, after every `step()`, keeps what
+the step's `PoolSnapshot` says about the cache (a step observer takes it: `traced_step`, recording.py): each request's chain of full-block hashes and
 its block table, every block's hash and ref count, the free queue (the eviction order), the blocks a hit
 can resolve to, the hit counters. It reads nothing else (see labs/views/__init__.py).
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labs.views.colors import request_colors
+from labs.views.recording import traced_step
 
 HIT_COLOR = "#ffd54f"       # a block this request got from the cache
 SHARED_BORDER = "#d32f2f"   # a block several requests hold now
@@ -67,35 +68,36 @@ def short_hash(block_hash: bytes | int | None) -> str:
     return f"{block_hash & 0xFFFF:04x}"
 
 
-def _snapshot(engine: Any, step: int, chains: dict[str, list[int]], tables: dict[str, list[int]],
-              cached_tokens: dict[str, int], previous: PrefixCacheSnapshot | None) -> PrefixCacheSnapshot:
-    stats = engine.scheduler.make_stats()
-    for req_id, hashes in stats.request_block_hashes.items():
+def _snapshot(pool: Any, counters: Any, scheduler_output: Any, step: int, chains: dict[str, list[int]],
+              tables: dict[str, list[int]], cached_tokens: dict[str, int],
+              previous: PrefixCacheSnapshot | None) -> PrefixCacheSnapshot:
+    """`pool` (a PoolSnapshot) and `counters` (SchedulerStats) after step `step`; `scheduler_output` is that
+    step's decision (None: before the first step, or a step that scheduled nothing)."""
+    for req_id, hashes in pool.request_block_hashes.items():
         chains[req_id] = list(hashes)
-    for req_id, block_ids in stats.block_ids.items():
+    for req_id, block_ids in pool.block_ids.items():
         if block_ids:
             tables[req_id] = list(block_ids)
-    cached_tokens.update(stats.num_cached_tokens)
-    live = set(stats.block_ids)
+    cached_tokens.update(pool.num_cached_tokens)
+    live = set(pool.block_ids)
     events = []
-    out = engine.last_scheduler_output
-    if out is not None and step > 0:
-        for new in out.scheduled_new_reqs:
+    if scheduler_output is not None:
+        for new in scheduler_output.scheduled_new_reqs:
             events.append(f"{new.req_id} admitted: {new.num_computed_tokens} tokens were prefix hits")
     if previous is not None:
-        for block_id, (old, new) in enumerate(zip(previous.block_hashes, stats.block_hashes)):
+        for block_id, (old, new) in enumerate(zip(previous.block_hashes, pool.block_hashes)):
             if old is not None and new != old:
                 events.append(f"block {block_id} evicted (hash {short_hash(old)} dropped)")
         for req_id in previous.block_tables:
             if previous.block_tables[req_id] and req_id not in live:
                 events.append(f"{req_id} finished: blocks {previous.block_tables[req_id][::-1]} freed, last first")
     return PrefixCacheSnapshot(
-        step=step, block_size=stats.block_size, chains={k: list(v) for k, v in chains.items()},
+        step=step, block_size=pool.block_size, chains={k: list(v) for k, v in chains.items()},
         block_tables={req_id: (list(tables.get(req_id, [])) if req_id in live else []) for req_id in chains},
-        num_cached_tokens=dict(cached_tokens), block_hashes=list(stats.block_hashes),
-        ref_cnts=list(stats.block_ref_cnts), free_queue=list(stats.free_block_ids),
-        cached_block_ids=list(stats.cached_block_ids), queries=stats.prefix_cache_stats.queries,
-        hits=stats.prefix_cache_stats.hits, events=events)
+        num_cached_tokens=dict(cached_tokens), block_hashes=list(pool.block_hashes),
+        ref_cnts=list(pool.block_ref_cnts), free_queue=list(pool.free_block_ids),
+        cached_block_ids=list(pool.cached_block_ids), queries=counters.prefix_cache_stats.queries,
+        hits=counters.prefix_cache_stats.hits, events=events)
 
 
 def record_prefix_cache(llm: Any, prompts: Sequence[Any], params: Any) -> PrefixCacheRecording:
@@ -104,17 +106,22 @@ def record_prefix_cache(llm: Any, prompts: Sequence[Any], params: Any) -> Prefix
     chains: dict[str, list[int]] = {}
     tables: dict[str, list[int]] = {}
     cached_tokens: dict[str, int] = {}
-    snapshots = [_snapshot(engine, 0, chains, tables, cached_tokens, None)]
+    snapshots = [_snapshot(engine.snapshot_pool(), engine.get_scheduler_stats(), None, 0, chains, tables,
+                           cached_tokens, None)]
     request_ids, outputs = [], {}
     for index, prompt in enumerate(prompts):
         request_id = f"r{index}"
         request_ids.append(request_id)
         engine.add_request(request_id, prompt, params)
         while engine.has_unfinished_requests():
-            for output in engine.step():
+            step_outputs, trace = traced_step(engine)
+            for output in step_outputs:
                 if output.finished:
                     outputs[output.request_id] = output
-            snapshots.append(_snapshot(engine, len(snapshots), chains, tables, cached_tokens, snapshots[-1]))
+            pool = engine.snapshot_pool() if trace is None else trace.snapshot()
+            snapshots.append(_snapshot(pool, engine.get_scheduler_stats(), None if trace is None else
+                                       trace.scheduler_output, len(snapshots), chains, tables, cached_tokens,
+                                       snapshots[-1]))
     return PrefixCacheRecording(snapshots, request_ids, outputs)
 
 

@@ -1,10 +1,10 @@
 """Mirrors no vllm/v1 file: it records a real mini engine run, step by step, as plain data.
 
-After every `LLMEngine.step()` it reads the engine's public surface only: `scheduler.make_stats()` (a
-`SchedulerStats`, mini/metrics/stats.py: the block tables, ref counts and free queue that
-vllm/v1/core/block_pool.py and kv_cache_manager.py keep, running/waiting), `engine.last_scheduler_output`
-(what the step scheduled, who it preempted) and `model_runner.last_inputs` / `model_runner.input_batch`
-(the step's flat batch and its rows).
+It reads the engine's public surface only: a step observer (`engine.add_step_observer`, see
+`traced_step`) gets each step's `StepTrace` (mini/metrics/step_trace.py): what the step scheduled and who
+it preempted, the runner's flat batch and its rows, and `trace.snapshot()`, a `PoolSnapshot` of the block
+tables, ref counts and free queue that vllm/v1/core/block_pool.py and kv_cache_manager.py keep, and of
+the running / waiting queues. Before the first step, `engine.snapshot_pool()` gives the same snapshot.
 
     recording = record_run(llm, ["Hello", "The cat"], SamplingParams(temperature=0.0, max_tokens=6))
     recording.snapshots[3].block_tables   # {"r0": [1, 2], "r1": [3]}
@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from mini.metrics.stats import PoolSnapshot
+from mini.metrics.step_trace import StepTrace
 
 
 @dataclass(slots=True)
@@ -75,44 +78,61 @@ def _tensor_list(value: Any) -> list:
 _BATCH_FIELDS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_table")
 
 
-def batch_from_runner(engine: Any, scheduled_req_ids: Sequence[str] = ()) -> BatchInputs | None:
-    """The flat batch of the last step: `model_runner.last_inputs`, its rows named by the InputBatch.
+def traced_step(engine: Any, snapshot: bool = True) -> tuple[list[Any], StepTrace | None]:
+    """`engine.step()` watched by a step observer for that one step: (its outputs, its `StepTrace`).
 
-    `scheduled_req_ids` is not needed any more (the InputBatch always names the rows); it is accepted
-    so that older callers keep working.
+    The trace is None when the step scheduled nothing (it only handed out final outputs). `snapshot=True`
+    takes the pool snapshot inside the observer (`trace.snapshot()` then answers from that copy).
     """
-    del scheduled_req_ids
-    runner = engine.model_runner
-    inputs = runner.last_inputs
+    traces: list[StepTrace] = []
+
+    def observe(trace: StepTrace) -> None:
+        if snapshot:
+            trace.snapshot()
+        traces.append(trace)
+
+    remove_observer = engine.add_step_observer(observe)
+    try:
+        outputs = engine.step()
+    finally:
+        remove_observer()
+    return outputs, (traces[0] if traces else None)
+
+
+def batch_from_trace(trace: StepTrace) -> BatchInputs | None:
+    """The flat batch of a traced step (`trace.inputs`), its rows named by `trace.req_ids`; None when the
+    step ran no forward pass."""
+    inputs = trace.inputs
     if inputs is None:
         return None
-    req_ids = [state.req_id for state in runner.input_batch.occupied_requests()]  # the rows, in order
     fields = {name: _tensor_list(inputs[name]) for name in _BATCH_FIELDS}
-    return BatchInputs(req_ids=req_ids[: len(fields["seq_lens"])], **fields)
+    return BatchInputs(req_ids=list(trace.req_ids)[: len(fields["seq_lens"])], **fields)
 
 
-def snapshot_engine(engine: Any, step: int, scheduler_output: Any = None) -> KVSnapshot:
-    """The KV state of `engine` (an LLMEngine) now, from `engine.scheduler.make_stats()`.
-
-    `scheduler_output` (the `SchedulerOutput` of the step just run, e.g. `engine.last_scheduler_output`)
-    adds what that step computed, who it preempted and its flat batch; None (step 0) leaves them empty.
-    """
-    stats = engine.scheduler.make_stats()
-    scheduled = {} if scheduler_output is None else dict(scheduler_output.num_scheduled_tokens)
+def kv_snapshot(pool: PoolSnapshot, step: int, trace: StepTrace | None = None) -> KVSnapshot:
+    """A `KVSnapshot` from a `PoolSnapshot`; `trace` (the step just run) adds what it computed, who it
+    preempted and its flat batch; None (step 0) leaves them empty."""
+    scheduler_output = None if trace is None else trace.scheduler_output
     return KVSnapshot(
         step=step,
-        block_size=stats.block_size,
-        num_blocks=stats.num_gpu_blocks,
-        ref_cnts=list(stats.block_ref_cnts),
-        free_queue=list(stats.free_block_ids),
-        block_tables={req_id: list(ids) for req_id, ids in stats.block_ids.items() if ids},
-        num_computed_tokens=dict(stats.num_computed_tokens),
-        running=list(stats.running_req_ids),
-        waiting=list(stats.waiting_req_ids),
-        num_scheduled_tokens=scheduled,
+        block_size=pool.block_size,
+        num_blocks=pool.num_gpu_blocks,
+        ref_cnts=list(pool.block_ref_cnts),
+        free_queue=list(pool.free_block_ids),
+        block_tables={req_id: list(ids) for req_id, ids in pool.block_ids.items() if ids},
+        num_computed_tokens=dict(pool.num_computed_tokens),
+        running=list(pool.running_req_ids),
+        waiting=list(pool.waiting_req_ids),
+        num_scheduled_tokens={} if scheduler_output is None else dict(scheduler_output.num_scheduled_tokens),
         preempted=[] if scheduler_output is None else sorted(scheduler_output.preempted_req_ids),
-        batch=None if scheduler_output is None else batch_from_runner(engine),
+        batch=None if trace is None else batch_from_trace(trace),
     )
+
+
+def snapshot_engine(engine: Any, step: int, trace: StepTrace | None = None) -> KVSnapshot:
+    """The KV state of `engine` (an LLMEngine): right after the traced step `trace` (from its snapshot),
+    or now (`engine.snapshot_pool()`) when `trace` is None."""
+    return kv_snapshot(engine.snapshot_pool() if trace is None else trace.snapshot(), step, trace)
 
 
 def _in_order(mapping: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
@@ -164,11 +184,8 @@ def record_run(
     for step in range(1, max_steps + 1):
         if not engine.has_unfinished_requests():
             break
-        previous_output = engine.last_scheduler_output
-        outputs = engine.step()
-        # step() only schedules while the scheduler has work: a new SchedulerOutput means it did.
-        scheduler_output = engine.last_scheduler_output
-        snapshot = snapshot_engine(engine, step, None if scheduler_output is previous_output else scheduler_output)
+        outputs, trace = traced_step(engine)   # trace None: the step scheduled nothing
+        snapshot = snapshot_engine(engine, step, trace)
         _order_by_arrival(snapshot, request_ids)
         snapshot.finished = [out.request_id for out in outputs if out.finished]
         output_token_ids.update(

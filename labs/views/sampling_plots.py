@@ -79,17 +79,19 @@ def sampling_pipeline_stages(
 
     A greedy row (temperature 0) stops after the penalties with a one-hot "greedy argmax" stage.
     """
-    from mini.sample import sampler as sampler_module
+    from mini import roles
     from mini.sample.logits_processor import BatchUpdate, build_logitsprocs
-    from mini.sample.ops import penalties as penalties_ops
-    from mini.sample.ops import topk_topp as topk_topp_ops
+    from mini.sample.sampler import Sampler
     from mini.sampling_params import SAMPLING_EPS
+
+    choices = roles.choose()                # what an engine built here would use (parts of a `plug` block)
+    ops = choices.resolve(Sampler)          # the sampler's parts, as class attributes
 
     row = torch.as_tensor(logits, dtype=torch.float32).reshape(1, -1).clone()
     vocab_size = row.shape[1]
     stages = [_stage("raw", "the model's logits", row)]
 
-    processors = build_logitsprocs(None, vocab_size)
+    processors = build_logitsprocs(None, vocab_size, choices=choices)
     outputs = list(output_token_ids)
     processors.update_state(
         BatchUpdate(batch_size=1, removed=[], added=[(0, params, list(prompt_token_ids), outputs)], moved=[])
@@ -103,7 +105,7 @@ def sampling_pipeline_stages(
     repetition = float(params.repetition_penalty)
     presence, frequency = float(params.presence_penalty), float(params.frequency_penalty)
     if repetition != 1.0 or presence != 0.0 or frequency != 0.0:
-        row = penalties_ops.apply_all_penalties(
+        row = ops.apply_all_penalties(
             row,
             _history_tensor(prompt_token_ids, vocab_size),
             _history_tensor(outputs, vocab_size),
@@ -119,7 +121,7 @@ def sampling_pipeline_stages(
         greedy[0, int(row.argmax())] = 0.0
         stages.append(_stage("greedy argmax", "temperature=0: the argmax, no sampling", greedy))
         return stages
-    row = sampler_module.apply_temperature(row, torch.tensor([temperature]), True)
+    row = ops.apply_temperature(row, torch.tensor([temperature]), True)
     stages.append(_stage(STAGE_NAMES[3], f"T={temperature:g}", row))
 
     for processor in processors.argmax_invariant:
@@ -129,7 +131,7 @@ def sampling_pipeline_stages(
     top_k, top_p = int(params.top_k), float(params.top_p)
     k = torch.tensor([top_k]) if 0 < top_k < vocab_size else None
     p = torch.tensor([top_p]) if top_p < 1.0 else None
-    row = topk_topp_ops.apply_top_k_top_p(row, k, p)
+    row = ops.apply_top_k_top_p(row, k, p)
     stages.append(
         _stage(
             STAGE_NAMES[5],
@@ -149,6 +151,7 @@ def sampled_frequencies(
     seed: int = 0,
 ) -> SampledFrequencies:
     """Draw `num_draws` tokens with mini's `Sampler`: the row repeated `num_draws` times, in one call."""
+    from mini import roles
     from mini.sample.metadata import SamplingMetadata
     from mini.sample.sampler import Sampler
 
@@ -162,7 +165,8 @@ def sampled_frequencies(
         vocab_size=vocab_size,
     )
     torch.manual_seed(seed)
-    tokens = Sampler()(row.repeat(num_draws, 1), metadata).sampled_token_ids
+    sampler = roles.choose().resolve(Sampler)()      # with the parts of an enclosing `plug` block, if any
+    tokens = sampler(row.repeat(num_draws, 1), metadata).sampled_token_ids
     counts = torch.bincount(tokens, minlength=vocab_size).tolist()
     return SampledFrequencies(counts=counts, num_draws=num_draws, tokens=tokens.tolist())
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labs.views.colors import request_colors
+from labs.views.recording import traced_step
 
 KIND_COLORS = {"prefill": "#4e79a7", "chunk": "#a0cbe8", "decode": "#59a14f"}
 PREEMPT_COLOR = "#e15759"
@@ -122,7 +123,7 @@ def _timeline_step(
     output: Any, prompt_lens: dict[str, int], step_index: int, outputs: Sequence[Any], stats: Any,
     not_submitted: list[str],
 ) -> TimelineStep:
-    """One step from its SchedulerOutput, the step's RequestOutputs and the SchedulerStats after it."""
+    """One step from its SchedulerOutput, the step's RequestOutputs and the PoolSnapshot after it."""
     for new in output.scheduled_new_reqs:  # every request is sent in full the first time it runs
         prompt_lens[new.req_id] = len(new.prompt_token_ids)
     before = _computed_before(output)
@@ -160,8 +161,8 @@ def record_timeline(
     time, the next B only once the engine is empty. `on_step(engine, step)` runs after each recorded
     step (tests compare the record with the engine there).
 
-    Each step is read from `engine.last_scheduler_output` (what `schedule()` decided) and
-    `engine.scheduler.make_stats()` right after the step (who runs and waits, the free blocks).
+    Each step is read from its `StepTrace` (a step observer, `traced_step`): what `schedule()` decided, and
+    the pool snapshot right after the step (who runs and waits, the free blocks).
     """
     engine = llm.llm_engine
     scheduler = engine.scheduler
@@ -179,7 +180,7 @@ def record_timeline(
         request_ids=request_ids,
         token_budget=scheduler.max_num_scheduled_tokens,
         max_num_seqs=scheduler.max_num_running_reqs,
-        num_gpu_blocks=scheduler.make_stats().num_gpu_blocks,
+        num_gpu_blocks=engine.snapshot_pool().num_gpu_blocks,
     )
     prompt_lens: dict[str, int] = {}
     for step_index in range(1, max_steps + 1):
@@ -189,12 +190,10 @@ def record_timeline(
             for req_id, prompt, request_params in pending[:batch_size]:
                 engine.add_request(req_id, prompt, request_params)
             pending = pending[batch_size:]
-        previous_output = engine.last_scheduler_output
-        outputs = engine.step()
-        output = engine.last_scheduler_output
-        if output is previous_output:  # nothing was scheduled (only finished outputs were handed out)
+        outputs, trace = traced_step(engine)
+        if trace is None:  # nothing was scheduled (only finished outputs were handed out)
             continue
-        step = _timeline_step(output, prompt_lens, step_index, outputs, scheduler.make_stats(),
+        step = _timeline_step(trace.scheduler_output, prompt_lens, step_index, outputs, trace.snapshot(),
                               not_submitted=[req_id for req_id, _, _ in pending])
         timeline.steps.append(step)
         if on_step is not None:

@@ -2,9 +2,10 @@
 
 `record_spec_decode(llm, prompts, params)` adds the prompts to a real engine built with a
 `speculative_config` and steps it to the end. After every `step()` it reads, for each request, the draft
-tokens that step verified (`engine.last_scheduler_output.scheduled_spec_decode_tokens`) and the tokens the
-step emitted (the `RequestOutput`s `step()` returns), and the engine-wide counters of
-`engine.scheduler.make_stats().spec_decoding_stats` (vLLM's `SpecDecodingStats` names, cumulative). It reads
+tokens that step verified (`trace.scheduler_output.scheduled_spec_decode_tokens`, from a step observer:
+`traced_step`, recording.py) and the tokens the step emitted (the `RequestOutput`s `step()` returns), and the
+engine-wide counters of `engine.get_scheduler_stats().spec_decoding_stats` (vLLM's `SpecDecodingStats`
+names, cumulative). It reads
 nothing else (see labs/views/__init__.py).
 
 How a step's tokens are told apart: the rejection sampler emits the accepted drafts first, so they are the
@@ -25,6 +26,8 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from labs.views.recording import traced_step
 
 ACCEPTED_COLOR = "#c8e6c9"
 REJECTED_COLOR = "#ffcdd2"
@@ -118,8 +121,7 @@ def classify(drafts: Sequence[int], emitted: Sequence[int]) -> tuple[int, str]:
 def _counters(engine: Any, enabled: bool) -> dict[str, Any]:
     if not enabled:
         return {}
-    stats = engine.scheduler.make_stats()
-    spec = stats.spec_decoding_stats
+    spec = engine.get_scheduler_stats().spec_decoding_stats
     return {"num_drafts": spec.num_drafts, "num_draft_tokens": spec.num_draft_tokens,
             "num_accepted_tokens": spec.num_accepted_tokens,
             "num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
@@ -159,11 +161,10 @@ def record_spec_decode(llm: Any, prompts: Sequence[Any], params: Any, max_steps:
     for number in range(1, max_steps + 1):
         if not engine.has_unfinished_requests():
             break
-        previous = engine.last_scheduler_output
-        outputs = engine.step()
-        scheduler_output = engine.last_scheduler_output
-        scheduled = {} if scheduler_output is previous else dict(scheduler_output.num_scheduled_tokens)
-        spec_tokens = {} if scheduler_output is previous else scheduler_output.scheduled_spec_decode_tokens
+        outputs, trace = traced_step(engine, snapshot=False)   # trace None: the step scheduled nothing
+        scheduler_output = None if trace is None else trace.scheduler_output
+        scheduled = {} if scheduler_output is None else dict(scheduler_output.num_scheduled_tokens)
+        spec_tokens = {} if scheduler_output is None else scheduler_output.scheduled_spec_decode_tokens
         emitted: dict[str, list[int]] = {}
         finished: set[str] = set()
         for output in outputs:

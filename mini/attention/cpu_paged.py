@@ -16,8 +16,9 @@ results as the readable reference (mini/attention/reference.py); what changes is
 * Long rows (a prompt or a prefill chunk) run one SDPA each, causal over their own context (GQA by
   SDPA's `enable_gqa`).
 
-While a learner's `store_kv`, `gather_kv` or `paged_attention` is plugged in (mini/seams.py), this backend
-steps aside and runs the reference functions, so the plug reaches the engine whichever backend is chosen.
+An engine whose `attention` role replaces a part of the reference backend (`store_kv`, `gather_kv`,
+`paged_attention`: phase 03's exercises, mini/roles.py) builds the reference backend holding them instead of
+this one (`CpuAttentionBackend.for_choices`), decided once when the engine is built.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from mini import seams
 from mini.attention import reference
-from mini.attention.reference import AttentionMetadata
+from mini.attention.metadata import AttentionMetadata
+from mini.attention.reference import ReferenceAttentionBackend
+from mini.roles import Choices
 from mini.utils import cdiv
 
-__all__ = ["AttentionMetadata", "paged_attention", "store_kv"]
+__all__ = ["AttentionMetadata", "CpuAttentionBackend", "paged_attention", "store_kv"]
 
 # Rows with at most this many new tokens are "decode-like" and batched (vLLM: reorder_batch_threshold,
 # 1 + num_speculative_tokens). Longer rows (prompts, prefill chunks) are attended one by one.
@@ -49,9 +52,6 @@ GROUP_KV_BYTES_PER_THREAD = 1 << 20
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write each token's key/value into its slot (as reference.store_kv): one `index_copy_` per side."""
-    if seams.is_overridden("store_kv"):
-        reference.store_kv(key, value, kv_cache, slot_mapping)
-        return
     num_slots = slot_mapping.shape[0]
     key, value = key[:num_slots], value[:num_slots]
     if bool((slot_mapping < 0).any()):  # padding rows (-1) go nowhere
@@ -198,7 +198,7 @@ def paged_attention(
     query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Causal attention of the flat query `[T, Hq, D]` over each request's paged K/V -> `[T, Hq, D]`."""
-    if seams.is_overridden("paged_attention") or seams.is_overridden("gather_kv") or query.requires_grad:
+    if query.requires_grad:  # autograd through the paged cache: the reference path keeps the graph
         return reference.paged_attention(query, kv_cache, metadata, scale)
     plan = get_plan(metadata, kv_cache, query)
     output = torch.empty_like(query) if plan.covers_all_rows else torch.zeros_like(query)
@@ -261,3 +261,22 @@ def _scratch(name: str, num_elements: int, like: torch.Tensor) -> torch.Tensor:
         buffer = torch.empty(num_elements, dtype=like.dtype, device=like.device)
         buffers[key] = buffer
     return buffer[:num_elements]
+
+
+class CpuAttentionBackend:
+    """The fast CPU backend ("torch_fast", the default on CPU): same results as `ReferenceAttentionBackend`.
+
+    It has no parts of its own: an engine that replaces a part of the reference backend builds that
+    backend instead (`for_choices`), so the replacement runs whichever backend the config names.
+    """
+
+    name: ClassVar[str] = "torch_fast"
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+    store_kv = staticmethod(store_kv)
+    paged_attention = staticmethod(paged_attention)
+
+    @classmethod
+    def for_choices(cls, choices: Choices) -> type:
+        """This class, or the reference backend's subclass when a part of the reference is replaced."""
+        reference_class = ReferenceAttentionBackend.for_choices(choices)
+        return cls if reference_class is ReferenceAttentionBackend else reference_class

@@ -21,28 +21,17 @@ rule with different `q_len`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mini.seams import seam
+from mini.attention.metadata import AttentionMetadata
+from mini.roles import Choices
 from mini.utils import cdiv
 
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    """Everything the attention layers need to find each request's tokens in the paged cache."""
-
-    num_actual_tokens: int
-    query_start_loc: torch.Tensor  # int32 [B + 1]: where request i's query rows start in the flat batch
-    seq_lens: torch.Tensor  # int32 [B]: tokens in the cache for request i after this step (context + new)
-    block_table: torch.Tensor  # int32 [B, max_num_blocks]: physical block ids, padded with 0 (null block)
-    slot_mapping: torch.Tensor  # int64 [T]: cache slot of each new token, -1 = padding (not stored)
-    max_query_len: int
-    max_seq_len: int
+__all__ = ["AttentionMetadata", "ReferenceAttentionBackend", "gather_kv", "paged_attention", "store_kv"]
 
 
-@seam("store_kv")
 def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write each token's key/value into its slot: key/value `[T, Hkv, D]`; slots of -1 are skipped."""
     block_size = kv_cache.shape[2]
@@ -55,7 +44,6 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     kv_cache[1, block_ids, offsets] = value[:num_slots][is_real].to(kv_cache.dtype)
 
 
-@seam("gather_kv")
 def gather_kv(cache_side: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The first `seq_len` tokens of one request, contiguous: `[seq_len, Hkv, D]`.
 
@@ -67,14 +55,15 @@ def gather_kv(cache_side: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -
     return blocks.flatten(0, 1)[:seq_len]
 
 
-@seam("paged_attention")
 def paged_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+    *, gather_kv=gather_kv,
 ) -> torch.Tensor:
     """Causal attention of the flat query `[T, Hq, D]` over each request's paged K/V -> `[T, Hq, D]`.
 
     Requests with a single new token (decode) are done together in one batched computation; requests
-    with several new tokens (prefill or a prefill chunk) loop one by one. Math is float32 inside.
+    with several new tokens (prefill or a prefill chunk) loop one by one, reading their context with
+    `gather_kv` (a keyword: the backend passes its own, which may be a replacement). Math is float32 inside.
     """
     output = torch.zeros_like(query)
     query_lens = metadata.query_start_loc[1:] - metadata.query_start_loc[:-1]
@@ -148,3 +137,23 @@ def _decode_attention(
         grouped_query, keys, values, attn_mask=is_real_key[:, None, None, :], scale=scale
     )
     return out.reshape(batch_size, num_heads, head_size)
+
+
+class ReferenceAttentionBackend:
+    """The readable backend ("torch"): home of the `attention` role's parts `store_kv`, `gather_kv` and
+    `paged_attention` (mini/roles.py). Built once per engine; every layer of the model holds the instance.
+
+    vLLM: an `AttentionBackend` class (vllm/v1/attention/backend.py) chosen once by
+    vllm/v1/attention/selector.py, whose implementation each attention layer calls.
+    """
+
+    name: ClassVar[str] = "torch"
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+    store_kv = staticmethod(store_kv)
+    gather_kv = staticmethod(gather_kv)
+    paged_attention = staticmethod(paged_attention)
+
+    @classmethod
+    def for_choices(cls, choices: Choices) -> type:
+        """The class an engine with these choices builds: this one, or its subclass holding replaced parts."""
+        return choices.resolve(cls)

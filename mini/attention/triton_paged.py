@@ -17,15 +17,19 @@ the same jobs in three kernels, written to be read:
   what chunked prefill and prefix-cache hits need.
 
 ``paged_attention`` and ``store_kv`` take the same arguments as :mod:`mini.attention.reference`, so the
-engine can pick either backend. Without a CUDA GPU the kernels run under ``TRITON_INTERPRET=1``.
+engine can pick either backend: `TritonAttentionBackend` ("triton") holds the `attention` role's Triton parts
+(mini/roles.py): ``triton_store_kv`` (this file's ``store_kv``), ``paged_decode`` and the two kernels they
+launch, which they take as keyword arguments (the backend passes its own, which may be replacements).
+Without a CUDA GPU the kernels run under ``TRITON_INTERPRET=1``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from mini.attention.reference import AttentionMetadata
+from mini.attention.metadata import AttentionMetadata
 from mini.attention.triton_utils import (
     import_triton,
     is_available,
@@ -33,13 +37,14 @@ from mini.attention.triton_utils import (
     unavailable_reason,
     use_interpreter,
 )
-from mini.seams import implementation, register, seam
+from mini.roles import Choices
 
 # Raises ImportError with an explanation on platforms without Triton; sets TRITON_INTERPRET=1 without CUDA.
 triton, tl = import_triton()
 
 __all__ = [
     "AttentionMetadata",
+    "TritonAttentionBackend",
     "is_available",
     "paged_attention",
     "paged_decode",
@@ -142,10 +147,6 @@ def _paged_decode_kernel(
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-register("_store_kv_kernel", _store_kv_kernel)
-register("_paged_decode_kernel", _paged_decode_kernel)
-
-
 @triton.jit
 def _paged_prefill_kernel(
     out_ptr, query_ptr, kv_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, scale,
@@ -232,8 +233,8 @@ def _check_kv_cache(kv_cache: torch.Tensor) -> None:
         raise ValueError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
 
 
-@seam("triton_store_kv")
-def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             *, _store_kv_kernel: Any = _store_kv_kernel) -> None:
     """Write key/value [T, num_kv_heads, head_size] into kv_cache at slot_mapping[t]; slot -1 is skipped."""
     _check_kv_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_size = kv_cache.shape
@@ -250,7 +251,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         return
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
-    implementation("_store_kv_kernel")[(num_tokens,)](
+    _store_kv_kernel[(num_tokens,)](
         key, value, kv_cache, slot_mapping.contiguous(),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -300,14 +301,14 @@ def _prepare_launch(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atten
     )
 
 
-@seam("paged_decode")
 def paged_decode(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+    *, _paged_decode_kernel: Any = _paged_decode_kernel,
 ) -> torch.Tensor:
     """Attention for a batch where every request has exactly one new token (query [B, Hq, D])."""
     launch = _prepare_launch(query, kv_cache, metadata)
     if launch.num_requests > 0:
-        implementation("_paged_decode_kernel")[(launch.num_requests, launch.num_kv_heads)](
+        _paged_decode_kernel[(launch.num_requests, launch.num_kv_heads)](
             *launch.tensors, scale, *launch.strides,
             GROUP_PAD=next_power_of_2(launch.group_size), HEAD_PAD=next_power_of_2(launch.head_size),
             TILE_N=DECODE_TILE_N, num_warps=DECODE_NUM_WARPS,
@@ -345,3 +346,33 @@ def paged_attention(
     if metadata.max_query_len == 1:
         return paged_decode(query, kv_cache, metadata, scale)
     return paged_prefill(query, kv_cache, metadata, scale)
+
+
+class TritonAttentionBackend:
+    """The Triton backend ("triton", the default on CUDA). Home of the `attention` role's Triton parts.
+
+    vLLM: `TritonAttentionBackend` / `TritonAttentionImpl` (vllm/v1/attention/backends/triton_attn.py).
+    """
+
+    name: ClassVar[str] = "triton"
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+    triton_store_kv = staticmethod(store_kv)
+    paged_decode = staticmethod(paged_decode)
+    _store_kv_kernel = staticmethod(_store_kv_kernel)
+    _paged_decode_kernel = staticmethod(_paged_decode_kernel)
+
+    @classmethod
+    def for_choices(cls, choices: Choices) -> type:
+        """The class an engine with these choices builds: this one, or its subclass holding replaced parts."""
+        return choices.resolve(cls)
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        self.triton_store_kv(key, value, kv_cache, slot_mapping)
+
+    def paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                        scale: float) -> torch.Tensor:
+        """All q_len == 1: `paged_decode`; otherwise the prefill kernel."""
+        if metadata.max_query_len == 1:
+            return self.paged_decode(query, kv_cache, metadata, scale)
+        return paged_prefill(query, kv_cache, metadata, scale)

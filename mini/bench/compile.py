@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from mini.bench.engine import Workload, generate_greedy, machine_line, make_workload, spread
+from mini.bench.workload import Workload, generate_greedy, machine_line, make_workload, spread
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,91 +29,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import random
 import statistics
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from mini.bench import llamacpp
+from mini.bench.workload import (
+    REAL_MODEL_SIZE,
+    SHIPPED_MODEL_SIZE,
+    Workload,
+    _synchronize,
+    machine_line,
+    make_workload,
+    run_mini,
+    spread,
+)
 from mini.config import ATTENTION_BACKENDS
-
-
-@dataclass(slots=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts)
-
-
-def load_corpus_text(max_bytes: int = 2_000_000) -> str:
-    """The Python standard library's own source, read locally (the same text the shipped model saw)."""
-    import sysconfig
-    from pathlib import Path
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    chunks, total = [], 0
-    for path in sorted(stdlib.glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="ignore")
-        chunks.append(text)
-        total += len(text)
-        if total >= max_bytes:
-            break
-    return "\n".join(chunks)
-
-
-def make_workload(tokenizer, num_prompts: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int],
-                  seed: int) -> Workload:
-    """Cut `num_prompts` token windows from the corpus; lengths drawn uniformly with a fixed seed."""
-    rng = random.Random(seed)
-    corpus_ids = tokenizer.encode(load_corpus_text())
-    prompts, outs = [], []
-    for _ in range(num_prompts):
-        length = rng.randint(*prompt_lens)
-        start = rng.randrange(0, len(corpus_ids) - length)
-        prompts.append(corpus_ids[start:start + length])
-        outs.append(rng.randint(*output_lens))
-    return Workload(prompts, outs)
-
-
-def run_mini(llm, workload: Workload, record_steps: bool = False) -> tuple[float, list]:
-    """Run the workload through mini; optionally record every step's model inputs for the ceiling."""
-    from mini import SamplingParams
-
-    engine = llm.llm_engine
-    runner = engine.model_runner
-    recorded: list = []
-    start = time.perf_counter()
-    for index, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens)):
-        params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True, detokenize=False)
-        engine.add_request(f"bench-{index}-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
-    while engine.has_unfinished_requests():
-        engine.step()
-        if record_steps:
-            recorded.append(runner.snapshot_forward_inputs())
-    return time.perf_counter() - start, recorded
-
-
-def generate_greedy(llm, workload: Workload) -> tuple[float, list[list[int]]]:
-    """`LLM.generate` over the workload (greedy, EOS ignored, exact output lengths): seconds and token ids."""
-    from mini import SamplingParams
-
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-              for n in workload.output_lens]
-    start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in workload.prompts], params, use_tqdm=False)
-    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
 
 
 def replay_model_only(llm, recorded: list) -> float:
@@ -148,31 +81,6 @@ def run_transformers(model, tokenizer, workload: Workload, batch_size: int, devi
     return time.perf_counter() - start
 
 
-def _synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def spread(values: list[float]) -> str:
-    """'median (min-max)' of one figure's rounds."""
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
-
-
-def machine_line(threads: int, device: str) -> str:
-    """Machine, threads, device and commit: the header every benchmark table in the README quotes."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
-                                cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    gpu = f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
-    return (f"machine: {platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores"
-            f"{gpu}; torch {torch.__version__}, {threads} threads; commit {commit}")
-
-
-# How much of the workload runs, by model: the same shape, scaled to a few minutes on 2 CPU cores.
-SHIPPED_MODEL_SIZE = {"num_prompts": 128, "rounds": 3}
-REAL_MODEL_SIZE = {"num_prompts": 8, "rounds": 3}
 
 
 def apply_default_size(args: argparse.Namespace) -> None:
@@ -225,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.peer == "llamacpp":
-        from mini.bench import llamacpp
-
         return llamacpp.compare(args)
     from transformers import AutoModelForCausalLM
 

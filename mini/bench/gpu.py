@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"error: {NEEDS_CUDA}", file=sys.stderr)
         return 2
-    from mini.bench.engine import machine_line
+    from mini.bench.workload import machine_line
 
     start = time.perf_counter()
     out_dir = args.out or REPO_ROOT / "bench-results" / time.strftime("gpu-%Y%m%d-%H%M%S")

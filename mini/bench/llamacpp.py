@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from mini.bench.engine import Workload, generate_greedy, machine_line, make_workload, spread
+from mini.bench.workload import Workload, generate_greedy, machine_line, make_workload, spread
 
 INSTALL_HINT = ("llama-cpp-python is not installed: `pip install -e '.[llamacpp]'` builds it from its source "
                 "package (a C++ compiler and cmake are needed; about 10 minutes on 2 cores)")

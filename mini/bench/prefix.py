@@ -10,7 +10,7 @@ shared. Two measurements per engine, caching off then on, in one process on the 
   tokens after the last full cached block;
 * throughput: all requests at once through `LLM.generate`; (prompt + generated tokens) / wall time.
 
-The hit rate is the prefix cache's own counter (`Scheduler.make_stats().prefix_cache_stats`: tokens
+The hit rate is the prefix cache's own counter (`LLMEngine.get_scheduler_stats().prefix_cache_stats`: tokens
 found cached / tokens looked up) over both measurements.
 Last line: `ttft_speedup=X.XX throughput_speedup=Y.YY hit_rate=Z.ZZ` (off / on for the times).
 """
@@ -65,7 +65,7 @@ def run(enable_prefix_caching: bool, prompts: list[dict], params: SamplingParams
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     num_tokens = sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outputs)
-    stats = llm.llm_engine.scheduler.make_stats().prefix_cache_stats
+    stats = llm.llm_engine.get_scheduler_stats().prefix_cache_stats
     return {"ttft": statistics.median(ttfts), "throughput": num_tokens / elapsed, "hit_rate": stats.hit_rate,
             "cached_tokens": sum(o.num_cached_tokens for o in outputs)}
 

@@ -26,7 +26,9 @@ from collections.abc import Callable
 
 import torch
 
+from mini.bench.workload import REAL_MODEL_SIZE, SHIPPED_MODEL_SIZE, Workload, make_workload, run_mini
 from mini.config import ATTENTION_BACKENDS
+from mini.entrypoints.llm import LLM
 
 PARTS = ("schedule", "update_states", "prepare_inputs", "model forward", "lm head", "sampling metadata",
          "sampler", "update_from_output", "process_outputs", "other")
@@ -77,7 +79,7 @@ def install_timers(llm) -> StepTimers:
     timers.wrap(engine.scheduler, "update_from_output", "update_from_output")
     timers.wrap(engine.output_processor, "process_outputs", "process_outputs")
     timers.wrap(runner, "update_states", "update_states")
-    timers.wrap(runner, "prepare_inputs", "prepare_inputs")
+    timers.wrap(runner, "_prepare_inputs", "prepare_inputs")
     timers.wrap(runner, "_sampling_metadata", "sampling metadata")
     timers.wrap(runner.model, "compute_logits", "lm head")
     timers.time_module(runner.model, "model forward")
@@ -111,9 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mini import LLM
-    from mini.bench.engine import REAL_MODEL_SIZE, SHIPPED_MODEL_SIZE, Workload, make_workload, run_mini
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     if args.threads:

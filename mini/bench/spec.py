@@ -22,7 +22,7 @@ import time
 import torch
 
 from mini import LLM, SamplingParams
-from mini.bench.engine import load_corpus_text
+from mini.bench.workload import load_corpus_text
 
 METHODS = {
     "none": None,
@@ -51,7 +51,7 @@ def run_once(llm: LLM, prompts: list[dict], params: SamplingParams) -> tuple[flo
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
-    stats = llm.llm_engine.scheduler.make_stats().spec_decoding_stats
+    stats = llm.llm_engine.get_scheduler_stats().spec_decoding_stats
     return seconds, [list(o.outputs[0].token_ids) for o in outputs], stats.mean_acceptance_length
 
 
@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for method in methods:
                 engine = engines[method]
-                before = engine.llm_engine.scheduler.make_stats().spec_decoding_stats
+                before = engine.llm_engine.get_scheduler_stats().spec_decoding_stats
                 seconds, outs, _ = run_once(engine, prompts, params)
-                after = engine.llm_engine.scheduler.make_stats().spec_decoding_stats
+                after = engine.llm_engine.get_scheduler_stats().spec_decoding_stats
                 times[method].append(seconds)
                 outputs[method] = outs
                 drafts = after.num_drafts - before.num_drafts

@@ -44,21 +44,24 @@ SCHEMA = {
 def run_constrained(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[list[int], float, list[float], list]:
     """-> (output lengths, seconds, per-step mask seconds, token id lists)."""
     engine = llm.llm_engine
-    manager = engine.structured_output_manager
     for index, prompt in enumerate(prompts):
         params = SamplingParams(temperature=1.0, seed=index, max_tokens=max_tokens,
                                 structured_outputs=StructuredOutputsParams(json=SCHEMA))
         engine.add_request(f"c{index}", prompt, params)
     mask_seconds, finals = [], {}
+
+    def record_mask_time(trace) -> None:   # a step observer: the engine times grammar_bitmask for it
+        if trace.grammar_mask_seconds is not None:
+            mask_seconds.append(trace.grammar_mask_seconds)
+
+    remove_observer = engine.add_step_observer(record_mask_time)
     start = time.perf_counter()
     while engine.has_unfinished_requests():
-        manager.last_mask_seconds = -1.0
         for output in engine.step():
             if output.finished:
                 finals[output.request_id] = list(output.outputs[0].token_ids)
-        if manager.last_mask_seconds >= 0:
-            mask_seconds.append(manager.last_mask_seconds)
     elapsed = time.perf_counter() - start
+    remove_observer()
     token_ids = [finals[f"c{index}"] for index in range(len(prompts))]
     return [len(t) for t in token_ids], elapsed, mask_seconds, token_ids
 

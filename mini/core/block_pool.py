@@ -12,13 +12,25 @@ eviction, least recently freed first).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 from mini.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-from mini.seams import implementation, seam
+
+
+def usable_blocks(num_gpu_blocks: int) -> int:
+    """The blocks a pool of `num_gpu_blocks` can hand out: all but the null block (block 0)."""
+    return num_gpu_blocks - 1
 
 
 class BlockPool:
-    """Owns all `KVCacheBlock`s of the cache."""
+    """Owns all `KVCacheBlock`s of the cache.
+
+    Home of the `kv_cache` role's pool parts (mini/roles.py): the free queue's class, `get_new_blocks`,
+    `free_blocks` and `touch`; an engine built with other parts uses a subclass holding them.
+    """
+
+    FreeKVCacheBlockQueue: ClassVar[type[FreeKVCacheBlockQueue]] = FreeKVCacheBlockQueue
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = False) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
@@ -27,7 +39,7 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_gpu_blocks)]
-        self.free_block_queue: FreeKVCacheBlockQueue = implementation("FreeKVCacheBlockQueue")(self.blocks)
+        self.free_block_queue: FreeKVCacheBlockQueue = self.FreeKVCacheBlockQueue(self.blocks)
         # The null block is the first one popped, so it is never in the free queue afterwards.
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
@@ -37,6 +49,11 @@ class BlockPool:
         # keeps {block_id: block} per hash (`BlockHashToBlockMap`) and a hit takes the oldest; mini keeps
         # that oldest in the map above and the later ones here, promoted when the oldest is evicted.
         self.duplicate_cached_blocks: dict[bytes, dict[int, KVCacheBlock]] = {}
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """The blocks this pool can hand out: all but the null block."""
+        return usable_blocks(self.num_gpu_blocks)
 
     def get_num_free_blocks(self) -> int:
         """Blocks that can be handed out now (free, including cached blocks nobody uses)."""
@@ -48,10 +65,9 @@ class BlockPool:
 
     def get_usage(self) -> float:
         """Fraction of the usable blocks (all but the null block) that are in use."""
-        usable = self.num_gpu_blocks - 1
+        usable = self.num_usable_blocks
         return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
 
-    @seam("get_new_blocks")
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop `num_blocks` from the head of the free queue, evicting their cached hashes; ref_cnt = 1."""
         if num_blocks > self.get_num_free_blocks():
@@ -85,7 +101,6 @@ class BlockPool:
         block.reset_hash()
         return True
 
-    @seam("free_blocks")
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference of each block (the null block is skipped: its count is not kept).
 
@@ -111,7 +126,6 @@ class BlockPool:
         self.free_block_queue.prepend_n(evict_first)
         self.free_block_queue.append_n(evict_last)
 
-    @seam("touch")
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on each prefix-cache hit; a hit that was free leaves the free queue.
 
@@ -156,7 +170,7 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is in use, as in vLLM."""
-        if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
+        if self.get_num_free_blocks() != self.num_usable_blocks:
             return False
         self.cached_block_hash_to_block.clear()
         self.duplicate_cached_blocks.clear()

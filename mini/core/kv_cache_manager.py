@@ -8,16 +8,17 @@ blocks always cover `request.num_computed_tokens + num_new_tokens` tokens.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_utils import KVCacheBlock
 from mini.core.request import Request
 from mini.metrics.stats import PrefixCacheStats
-from mini.seams import seam
+from mini.roles import DEFAULT, Choices
 from mini.utils import cdiv
 
 
-@seam("find_longest_cache_hit")
 def find_longest_cache_hit(
     block_hashes: list[bytes], max_cache_hit_length: int, block_pool: BlockPool, block_size: int
 ) -> list[KVCacheBlock]:
@@ -39,10 +40,19 @@ def find_longest_cache_hit(
 
 
 class KVCacheManager:
-    """Block tables of all requests, on top of one `BlockPool`."""
+    """Block tables of all requests, on top of one `BlockPool`.
+
+    Home of the `kv_cache` role's manager parts (mini/roles.py): `allocate_slots`, the prefix-cache lookup
+    and the two hash functions; `choices` (what the engine chose when it was built) picks the pool's class.
+    """
+
+    find_longest_cache_hit = staticmethod(find_longest_cache_hit)
+    hash_block_tokens = staticmethod(kv_cache_utils.hash_block_tokens)
+    hash_request_tokens = staticmethod(kv_cache_utils.hash_request_tokens)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = False,
-                 hash_algo: str = "sha256") -> None:
+                 hash_algo: str = "sha256", choices: Choices = DEFAULT) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = block_size
@@ -52,7 +62,7 @@ class KVCacheManager:
             kv_cache_utils.init_none_hash(self.hash_function)
         # Lookups and hits since the start (or the last reset); vLLM: `KVCacheManager.prefix_cache_stats`.
         self.prefix_cache_stats = PrefixCacheStats()
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.block_pool = choices.resolve(BlockPool)(num_gpu_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Prefix caching: how many leading blocks of each request are registered in the cache, and
         # the chained hashes of its full blocks (extended as the request grows).
@@ -62,6 +72,11 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
+
+    @property
+    def num_usable_tokens(self) -> int:
+        """The token slots the pool can hand out (every block but the null block)."""
+        return self.block_pool.num_usable_blocks * self.block_size
 
     def num_blocks_needed(self, num_tokens: int) -> int:
         """Blocks needed to hold `num_tokens` token slots."""
@@ -73,7 +88,7 @@ class KVCacheManager:
     def _block_hashes(self, request: Request) -> list[bytes]:
         """The request's full-block hash chain, extended to its current tokens (each block hashed once)."""
         known = self.req_to_block_hashes.setdefault(request.request_id, [])
-        hashes = kv_cache_utils.hash_request_tokens(
+        hashes = self.hash_request_tokens(
             self.block_size, request.all_token_ids, request.cache_salt, self.hash_function, known)
         self.req_to_block_hashes[request.request_id] = hashes
         return hashes
@@ -94,8 +109,8 @@ class KVCacheManager:
         """
         if not self.prefix_cache_lookup_enabled(request):
             return [], 0
-        hits = find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1, self.block_pool,
-                                      self.block_size)
+        hits = self.find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1, self.block_pool,
+                                           self.block_size)
         return hits, len(hits) * self.block_size
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
@@ -117,7 +132,6 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats(reset=True)
         return True
 
-    @seam("allocate_slots")
     def allocate_slots(
         self,
         request: Request,

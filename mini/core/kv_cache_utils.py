@@ -28,8 +28,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini.seams import register, seam
-
 
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
@@ -130,9 +128,6 @@ class FreeKVCacheBlockQueue:
         return result
 
 
-register("FreeKVCacheBlockQueue", FreeKVCacheBlockQueue)
-
-
 def sha256(input_object: Any) -> bytes:
     """SHA-256 digest of the pickled object (vLLM: `sha256` in vllm/utils/hashing.py)."""
     payload = pickle.dumps(input_object, protocol=pickle.HIGHEST_PROTOCOL)
@@ -212,7 +207,6 @@ def init_none_hash(hash_function: Callable[[Any], bytes]) -> None:
 init_none_hash(sha256)
 
 
-@seam("hash_block_tokens")
 def hash_block_tokens(
     hash_function: Callable[[Any], bytes],
     parent_block_hash: bytes | None,
@@ -241,20 +235,22 @@ def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple[Any, ...
     return None
 
 
-@seam("hash_request_tokens")
 def hash_request_tokens(
     block_size: int,
     token_ids: Sequence[int],
     cache_salt: str | None = None,
     hash_function: Callable[[Any], bytes] = sha256,
     known_hashes: list[bytes] | None = None,
+    *,
+    hash_block_tokens: Callable[..., bytes] = hash_block_tokens,
 ) -> list[bytes]:
     """Chained hashes of every FULL block of `token_ids` (a partial last block gets none).
 
     `known_hashes` (the hashes already computed for this request, a prefix of the answer) is extended
     in place and returned, so a growing request hashes each block once, as vLLM's request block
     hasher does (`get_request_block_hasher` in vllm/v1/core/kv_cache_utils.py, which appends to
-    `Request.block_hashes`). mini's own function: vLLM has no function of this shape.
+    `Request.block_hashes`). mini's own function: vLLM has no function of this shape. The block hash it
+    chains is a parameter, so an engine built with another `hash_block_tokens` (mini/roles.py) uses it.
     """
     hashes = [] if known_hashes is None else known_hashes
     for block_index in range(len(hashes), len(token_ids) // block_size):

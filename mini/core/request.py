@@ -12,6 +12,8 @@ import enum
 import time
 from typing import TYPE_CHECKING
 
+from mini.structured_output.request import StructuredOutputRequest
+
 if TYPE_CHECKING:
     from mini.engine.core_request import EngineCoreRequest
     from mini.sampling_params import SamplingParams
@@ -108,8 +110,6 @@ class Request:
         # Prefix-cache hit length the first time the request was scheduled (-1: not scheduled yet).
         self.num_cached_tokens = -1
         # Structured output: the grammar state; WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR until it is compiled.
-        from mini.structured_output.request import StructuredOutputRequest
-
         self.structured_output_request = StructuredOutputRequest.from_sampling_params(sampling_params)
         if self.structured_output_request is not None:
             self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR

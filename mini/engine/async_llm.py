@@ -29,7 +29,8 @@ caller only; an exception inside `step()` cannot be pinned on one request of the
 in flight gets it (and is aborted, freeing its blocks) and the loop carries on with new requests.
 
 Statistics: after each step the loop hands `(SchedulerStats, IterationStats)` to each stat logger
-(vllm/v1/metrics/loggers.py); `IterationStats` carries the step's token counts and the per-request
+(vllm/v1/metrics/loggers.py): counters only (`LLMEngine.get_scheduler_stats()`, no block table is copied;
+a teaching view that wants the pool attaches a step observer to the engine instead); `IterationStats` carries the step's token counts and the per-request
 latencies measured when outputs leave the engine (time to first token, inter-token, end-to-end).
 A FINAL_ONLY request produces one output only, so its first-token time is its end-to-end time; the
 OpenAI server streams internally with DELTA for that reason.
@@ -48,7 +49,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini.config import EngineConfig
+from mini.config import EngineConfig, engine_config_from_args
 from mini.engine.llm_engine import LLMEngine
 from mini.metrics.stats import SchedulerStats
 from mini.outputs import CompletionOutput, RequestOutput
@@ -173,7 +174,6 @@ class AsyncLLM:
         self.engine = engine
         self.config = engine.config
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
-        self.last_scheduler_stats: SchedulerStats | None = None
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._collectors: dict[str, RequestOutputCollector] = {}   # engine thread only
         self._timings: dict[str, _RequestTiming] = {}              # engine thread only
@@ -186,7 +186,7 @@ class AsyncLLM:
     @classmethod
     def from_engine_args(cls, **engine_args: Any) -> AsyncLLM:
         """AsyncLLM(model=..., max_num_seqs=..., ...) with the same arguments as `LLM(...)`."""
-        return cls(EngineConfig(**engine_args))
+        return cls(engine_config_from_args(**engine_args))
 
     # ------------------------------------------------------------------ the public surface
     @property
@@ -238,7 +238,7 @@ class AsyncLLM:
         self._commands.put(("abort", ids))
 
     async def get_scheduler_stats(self) -> SchedulerStats:
-        """A fresh `SchedulerStats`, taken on the engine thread between two steps."""
+        """The scheduler's counters (`SchedulerStats`), taken on the engine thread between two steps."""
         self._check_alive()
         future: concurrent.futures.Future[SchedulerStats] = concurrent.futures.Future()
         self._commands.put(("stats", future))
@@ -309,7 +309,7 @@ class AsyncLLM:
                 for rid in live:
                     self._aborting[rid] = (self._collectors.pop(rid), self._timings.pop(rid, None))
         elif kind == "stats":
-            payload.set_result(self.engine.scheduler.make_stats())
+            payload.set_result(self.engine.get_scheduler_stats())
 
     def _step_once(self) -> None:
         try:
@@ -336,8 +336,7 @@ class AsyncLLM:
             if collector is not None:
                 collector.put_threadsafe(output)
         if self.stat_loggers:
-            scheduler_stats = self.engine.scheduler.make_stats()
-            self.last_scheduler_stats = scheduler_stats
+            scheduler_stats = self.engine.get_scheduler_stats()
             for stat_logger in self.stat_loggers:
                 try:
                     stat_logger(scheduler_stats, iteration)

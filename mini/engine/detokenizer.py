@@ -31,9 +31,7 @@ otherwise; mini's choice: the offset algorithm for every tokenizer (same text on
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
-
-from mini.seams import seam
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from mini.engine.core_request import EngineCoreRequest
@@ -43,7 +41,6 @@ INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET = 5
 REPLACEMENT_CHAR = "\ufffd"
 
 
-@seam("detokenize_incrementally")
 def detokenize_incrementally(
     tokenizer: Any, tokens: list[str], prefix_offset: int, read_offset: int
 ) -> tuple[str, int, int]:
@@ -59,7 +56,6 @@ def detokenize_incrementally(
     return new_text[len(prefix_text):], read_offset, len(tokens)
 
 
-@seam("check_stop_strings")
 def check_stop_strings(
     output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
 ) -> tuple[str, int] | None:
@@ -113,14 +109,27 @@ class IncrementalDetokenizer:
         return ""
 
     @classmethod
-    def from_new_request(cls, tokenizer: Any | None, request: EngineCoreRequest) -> IncrementalDetokenizer:
+    def from_new_request(cls, tokenizer: Any | None, request: EngineCoreRequest,
+                         text_detokenizer: type[OffsetIncrementalDetokenizer] | None = None
+                         ) -> IncrementalDetokenizer:
+        """The request's detokenizer: `text_detokenizer` (the output processor's choice, by default
+        OffsetIncrementalDetokenizer) when it wants text, else one that only keeps the ids."""
         if tokenizer is None or not request.sampling_params.detokenize:
             return IncrementalDetokenizer()
-        return OffsetIncrementalDetokenizer(tokenizer, request)
+        return (text_detokenizer or OffsetIncrementalDetokenizer)(tokenizer, request)
 
 
 class OffsetIncrementalDetokenizer(IncrementalDetokenizer):
-    """vLLM's prefix_offset/read_offset detokenizer (SlowIncrementalDetokenizer) + stop strings."""
+    """vLLM's prefix_offset/read_offset detokenizer (SlowIncrementalDetokenizer) + stop strings.
+
+    Home of the `detokenizer` role's parts (mini/roles.py): `detokenize_incrementally` and
+    `check_stop_strings`; the output processor builds its detokenizers from `choices.resolve(...)` of this
+    class, so an engine built with other parts uses a subclass holding them.
+    """
+
+    detokenize_incrementally = staticmethod(detokenize_incrementally)
+    check_stop_strings = staticmethod(check_stop_strings)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, tokenizer: Any, request: EngineCoreRequest) -> None:
         super().__init__()
@@ -152,7 +161,7 @@ class OffsetIncrementalDetokenizer(IncrementalDetokenizer):
         self.tokens.extend(
             self.tokenizer.convert_ids_to_tokens([token_id], skip_special_tokens=self.skip_special_tokens)
         )
-        new_text, self.prefix_offset, self.read_offset = detokenize_incrementally(
+        new_text, self.prefix_offset, self.read_offset = self.detokenize_incrementally(
             self.tokenizer, self.tokens, self.prefix_offset, self.read_offset
         )
         return new_text
@@ -194,7 +203,7 @@ class OffsetIncrementalDetokenizer(IncrementalDetokenizer):
         if not self.stop or len(self.token_ids) <= self.min_tokens:
             return None
         stop_check_offset = token_offsets[max(self.min_tokens - num_prev_tokens, 0)]
-        match = check_stop_strings(
+        match = self.check_stop_strings(
             self._output_text, len(self._output_text) - stop_check_offset, self.stop,
             self.include_stop_str_in_output,
         )

@@ -14,12 +14,17 @@ the forward, the mask and the sampling in one `execute_model` call:
     ModelRunner.execute_model   one forward pass + sampling               (vllm/v1/worker/gpu_model_runner.py)
     Scheduler.update_from_output append tokens, stop checks, free blocks
     OutputProcessor             detokenize, stop strings, RequestOutput   (vllm/v1/engine/output_processor.py)
+
+`add_step_observer(fn)` (mini only) hands `fn` each step's `StepTrace` (mini/metrics/step_trace.py) for views,
+traces and tests; stat loggers get counters (`get_scheduler_stats()`, vllm/v1/metrics/stats.py). An engine
+with no observer builds no trace and copies no block table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,15 +34,19 @@ from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
+from mini.engine.core_request import EngineCoreRequest
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.parallel_sampling import ParentRequest
+from mini.engine.startup import determine_num_kv_blocks
+from mini.metrics.stats import PoolSnapshot, SchedulerStats
+from mini.metrics.step_trace import StepObserver, StepTrace
 from mini.model.llama import DecoderConfig
 from mini.model.loader import load_model
 from mini.outputs import RequestOutput
+from mini.roles import Choices, choose
 from mini.sampling_params import SamplingParams
-from mini.seams import seam
-from mini.structured_output import StructuredOutputManager
+from mini.structured_output import GrammarOutput, StructuredOutputManager
 from mini.tokenizer import load_tokenizer
 from mini.worker.model_runner import ModelRunner
 
@@ -45,11 +54,15 @@ from mini.worker.model_runner import ModelRunner
 class LLMEngine:
     """Owns the scheduler, the KV cache manager, the model runner and the I/O processors."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, parts: dict[str, Any] | None = None) -> None:
         self.config = config
+        # Which implementation each role runs (mini/roles.py), chosen once here: `parts` on top of any
+        # `mini.roles.use(...)` block the engine is built in (what the course's `labs.plug` opens).
+        self.choices: Choices = choose(parts)
         torch.manual_seed(config.seed)
         model_dir = config.model_dir
-        self.model, self.hf_config = load_model(str(model_dir), config.device, config.torch_dtype)
+        self.model, self.hf_config = load_model(str(model_dir), config.device, config.torch_dtype,
+                                                choices=self.choices)
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(model_dir)
 
         max_model_len = self._resolve_max_model_len(config, self.hf_config)
@@ -57,24 +70,26 @@ class LLMEngine:
         self.vocab_size = int(self.hf_config.vocab_size)
         self.num_gpu_blocks = self._resolve_num_blocks(config, self.hf_config)
 
-        self.kv_cache_manager = KVCacheManager(
+        self.kv_cache_manager = self.choices.resolve(KVCacheManager)(
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=config.block_size,
             enable_caching=config.enable_prefix_caching,
             hash_algo=config.prefix_caching_hash_algo,
+            choices=self.choices,
         )
-        self.scheduler = Scheduler(config, self.kv_cache_manager)
-        self.model_runner = ModelRunner(config, self.model, self.hf_config, self.num_gpu_blocks)
+        self.scheduler = self.choices.resolve(Scheduler)(config, self.kv_cache_manager, self.choices)
+        self.model_runner = self.choices.resolve(ModelRunner)(config, self.model, self.hf_config,
+                                                              self.num_gpu_blocks, self.choices)
         self.input_processor = InputProcessor(
             self.tokenizer, self.vocab_size, max_model_len, self._eos_token_id()
         )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, self.choices)
         # Structured output: compiles grammars on a worker thread, builds per-step bitmasks.
         self.structured_output_manager = StructuredOutputManager(self.tokenizer, self.vocab_size,
-                                                                 self._eos_token_id())
+                                                                 self._eos_token_id(), choices=self.choices)
         self._pending_outputs: list[RequestOutput] = []
-        # The last step's scheduling decision, for views and tests (vLLM logs it with its stats).
-        self.last_scheduler_output: SchedulerOutput | None = None
+        # Called once at the end of every step that scheduled (views, traces, tests); none by default.
+        self._step_observers: list[StepObserver] = []
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -92,7 +107,6 @@ class LLMEngine:
         return config.max_model_len
 
     @staticmethod
-    @seam("kv_bytes_per_block")
     def kv_bytes_per_block(config: EngineConfig, hf_config: Any) -> int:
         """Bytes one KV block takes across all layers: 2 (K and V) x layers x block_size x kv_heads x head_size."""
         model_config = DecoderConfig.from_hf_config(hf_config)
@@ -110,8 +124,6 @@ class LLMEngine:
         self.startup_report = None   # what start-up measured (mini/engine/startup.py); None with an override
         if config.num_gpu_blocks_override is not None:
             return config.num_gpu_blocks_override
-        from mini.engine.startup import determine_num_kv_blocks
-
         self.startup_report = determine_num_kv_blocks(self.model, config, hf_config,
                                                       self.kv_bytes_per_block(config, hf_config))
         return self.startup_report.num_gpu_blocks
@@ -125,19 +137,21 @@ class LLMEngine:
         return None if eos is None else int(eos)
 
     # ------------------------------------------------------------------ the public loop
-    def add_request(
+    def process_request(
         self,
         request_id: str,
         prompt: Any,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
-    ) -> None:
-        """Validate and queue one request. Raises ValueError/TypeError and changes nothing on bad input."""
+    ) -> EngineCoreRequest:
+        """Validate and tokenize one request without queueing it (vLLM: `InputProcessor.process_inputs`).
+
+        Raises ValueError/TypeError on bad input; changes nothing either way. `add_request` takes the result
+        as its `prompt`, so a caller that checks a whole batch first (`LLM.generate`) tokenizes each prompt once.
+        """
         if not isinstance(request_id, str) or not request_id:
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
-        if request_id in self.scheduler.requests or self.output_processor.has_request(request_id):
-            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -146,9 +160,50 @@ class LLMEngine:
                              "checked against the grammar; start an engine without speculative_config for it")
         arrival_time = time.time() if arrival_time is None else arrival_time
         core_request = self.input_processor.process(request_id, prompt, params, arrival_time, priority)
+        self._check_fits(core_request)
+        return core_request
 
-        # The scheduler goes first: it may still refuse a request that can never fit the KV pool,
-        # and then nothing has been registered anywhere.
+    def _check_fits(self, core_request: EngineCoreRequest) -> None:
+        """A prompt must leave room for one sampled token in max_model_len and the KV pool (the scheduler
+        refuses it otherwise); checked here too so that a batch is refused before any of it is queued."""
+        max_request_len = self.scheduler.max_request_len
+        num_tokens = len(core_request.prompt_token_ids)
+        if num_tokens >= max_request_len:
+            raise ValueError(f"prompt_token_ids has {num_tokens} tokens; at most {max_request_len - 1} fit, "
+                             f"leaving one position for a sampled token (max_model_len={self.config.max_model_len}, "
+                             f"KV pool capacity {self.kv_cache_manager.num_usable_tokens})")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Validate and queue one request. Raises ValueError/TypeError and changes nothing on bad input.
+
+        `prompt` is a prompt (text, or a `{"prompt_token_ids": ...}` dict), or the `EngineCoreRequest` that
+        `process_request` returned for this `request_id` (vLLM's `LLMEngine.add_request` takes either);
+        then `params`, `arrival_time` and `priority` are the request's own and the arguments are ignored.
+        """
+        if request_id in self.scheduler.requests or self.output_processor.has_request(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        if isinstance(prompt, EngineCoreRequest):
+            if prompt.request_id != request_id:
+                raise ValueError(f"request_id {request_id!r} does not match the processed request's "
+                                 f"{prompt.request_id!r}")
+            core_request = prompt
+        else:
+            core_request = self.process_request(request_id, prompt, params, arrival_time, priority)
+        self._queue(core_request)
+
+    def _queue(self, core_request: EngineCoreRequest) -> None:
+        """Register a processed request with the scheduler, structured output and the output processor.
+
+        The scheduler goes first: it may still refuse a request that can never fit the KV pool, and then
+        nothing has been registered anywhere."""
+        params = core_request.sampling_params
         if params.n == 1:
             request = Request.from_engine_core_request(core_request)
             self.scheduler.add_request(request)
@@ -164,17 +219,19 @@ class LLMEngine:
             self.structured_output_manager.grammar_init(child_request)  # structured output
             self.output_processor.add_request(child, parent, index)
 
-    @seam("step")
     def step(self) -> list[RequestOutput]:
-        """One engine iteration: schedule, run the model once, turn its tokens into outputs."""
+        """One engine iteration: schedule, run the model once, turn its tokens into outputs.
+
+        With step observers attached (`add_step_observer`), each is called once at the end with the step's
+        `StepTrace`; without, no trace is built."""
         outputs, self._pending_outputs = self._pending_outputs, []
         if not self.scheduler.has_unfinished_requests():
             return outputs
         scheduler_output = self.scheduler.schedule()
-        self.last_scheduler_output = scheduler_output
+        trace = self._new_trace(scheduler_output) if self._step_observers else None
         # Structured output: the constrained rows' token bitmask, as vLLM's EngineCore.step.
-        grammar_output = self.structured_output_manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
-        runner_output = self.model_runner.execute_model(scheduler_output, grammar_output)
+        grammar_output = self._grammar_output(scheduler_output, trace)
+        runner_output = self.model_runner.execute_model(scheduler_output, grammar_output, trace=trace)
         if scheduler_output.total_num_scheduled_tokens == 0:  # structured output: only grammars left to wait for
             self.structured_output_manager.wait_for_compilation(timeout=0.01)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
@@ -183,7 +240,60 @@ class LLMEngine:
             # A stop string is found by the detokenizer, after the scheduler already kept the request:
             # finish it there too so its blocks are freed now (vLLM does the same abort).
             self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
-        return outputs + request_outputs
+        outputs += request_outputs
+        if trace is not None:
+            self._notify_step_observers(trace, runner_output, outputs)
+        return outputs
+
+    def _grammar_output(self, scheduler_output: SchedulerOutput, trace: StepTrace | None) -> GrammarOutput | None:
+        manager = self.structured_output_manager
+        if trace is None:
+            return manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
+        started = time.perf_counter()
+        grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
+        if grammar_output is not None:
+            trace.grammar_mask_seconds = time.perf_counter() - started
+        return grammar_output
+
+    # ------------------------------------------------------------------ observing the engine
+    def add_step_observer(self, observer: StepObserver) -> Callable[[], None]:
+        """Call `observer(trace)` at the end of every step that schedules; returns a function removing it.
+
+        The `StepTrace` (mini/metrics/step_trace.py) holds the step's SchedulerOutput, the runner's flat
+        inputs, the persistent batch's BatchUpdate, the sampled tokens and the outputs; `trace.snapshot()`,
+        called inside the observer, copies the queues and the KV pool (nothing is copied otherwise).
+        """
+        if not callable(observer):
+            raise TypeError(f"a step observer must be callable, got {type(observer).__name__}")
+        self._step_observers.append(observer)
+        return lambda: self.remove_step_observer(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        """Stop calling `observer` (nothing happens if it is not attached)."""
+        if observer in self._step_observers:
+            self._step_observers.remove(observer)
+
+    def get_scheduler_stats(self) -> SchedulerStats:
+        """The scheduler's counters now (vLLM hands the same `SchedulerStats` to its stat loggers)."""
+        return SchedulerStats.from_scheduler(self.scheduler)
+
+    def snapshot_pool(self) -> PoolSnapshot:
+        """A copy of the scheduler's queues and the KV pool now (block tables, free queue, ref counts)."""
+        return PoolSnapshot.from_scheduler(self.scheduler)
+
+    def _new_trace(self, scheduler_output: SchedulerOutput) -> StepTrace:
+        return StepTrace(step=self.scheduler.step_index, scheduler_output=scheduler_output,
+                         _take_snapshot=self.snapshot_pool)
+
+    def _notify_step_observers(self, trace: StepTrace, runner_output: Any, outputs: list[RequestOutput]) -> None:
+        trace.req_ids = list(runner_output.req_ids)
+        trace.sampled_token_ids = runner_output.sampled_token_ids
+        trace.outputs = list(outputs)
+        try:
+            for observer in list(self._step_observers):
+                observer(trace)
+        finally:
+            trace.close()
 
     def abort_request(self, request_ids: list[str] | str) -> None:
         """Stop requests now; their blocks are freed at once and a final output has finish_reason 'abort'."""

@@ -17,11 +17,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mini.engine.detokenizer import IncrementalDetokenizer
+from mini.engine.detokenizer import IncrementalDetokenizer, OffsetIncrementalDetokenizer
 from mini.engine.logprobs import LogprobsProcessor
 from mini.engine.parallel_sampling import ParentRequest
 from mini.metrics.stats import SpecDecodingStats
 from mini.outputs import CompletionOutput, RequestOutput
+from mini.roles import DEFAULT, Choices
 from mini.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class RequestState:
     @classmethod
     def from_new_request(
         cls, tokenizer: Any | None, request: EngineCoreRequest, parent_req: ParentRequest | None,
-        request_index: int,
+        request_index: int, text_detokenizer: type[OffsetIncrementalDetokenizer] | None = None,
     ) -> RequestState:
         params = request.sampling_params
         return cls(
@@ -58,7 +59,7 @@ class RequestState:
             output_kind=params.output_kind,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
-            detokenizer=IncrementalDetokenizer.from_new_request(tokenizer, request),
+            detokenizer=IncrementalDetokenizer.from_new_request(tokenizer, request, text_detokenizer),
             logprobs_processor=LogprobsProcessor(tokenizer, params.logprobs, params.prompt_logprobs),
         )
 
@@ -121,10 +122,14 @@ def merge_by_request_id(request_outputs: list[RequestOutput]) -> list[RequestOut
 
 
 class OutputProcessor:
-    """Turns EngineCoreOutputs into RequestOutputs; owns the per-request detokenizers."""
+    """Turns EngineCoreOutputs into RequestOutputs; owns the per-request detokenizers.
 
-    def __init__(self, tokenizer: Any | None) -> None:
+    `choices`: what the engine chose when it was built (mini/roles.py); it picks the detokenizers' class.
+    """
+
+    def __init__(self, tokenizer: Any | None, choices: Choices = DEFAULT) -> None:
         self.tokenizer = tokenizer
+        self.text_detokenizer = choices.resolve(OffsetIncrementalDetokenizer)
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
 
@@ -148,7 +153,7 @@ class OutputProcessor:
         elif request_id in self.parent_requests:
             raise ValueError(f"request_id {request_id!r} is already running; request ids must be unique")
         self.request_states[request_id] = RequestState.from_new_request(
-            self.tokenizer, request, parent_req, request_index
+            self.tokenizer, request, parent_req, request_index, self.text_detokenizer
         )
 
     def has_request(self, request_id: str) -> bool:

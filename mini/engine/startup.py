@@ -43,8 +43,11 @@ from typing import Any
 
 import torch
 
+from mini.attention.metadata import build_attention_metadata
 from mini.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
+from mini.core.block_pool import usable_blocks
 from mini.utils import cdiv
+from mini.worker.prepare_inputs import prepare_inputs
 
 logger = logging.getLogger("mini.engine")
 
@@ -130,9 +133,6 @@ def profile_run(model: Any, config: EngineConfig) -> tuple[int, float]:
     `max_num_batched_tokens` prompt tokens split over min(max_num_seqs, tokens) sequences (vLLM's
     `_dummy_run`), a throw-away KV cache just big enough for them, logits for each sequence's last token.
     """
-    from mini.attention.reference import AttentionMetadata
-    from mini.worker.prepare_inputs import prepare_inputs
-
     num_tokens = min(config.max_num_batched_tokens, config.max_num_seqs * int(config.max_model_len))
     num_seqs = min(config.max_num_seqs, num_tokens)
     lengths = [num_tokens // num_seqs + (1 if i < num_tokens % num_seqs else 0) for i in range(num_seqs)]
@@ -145,11 +145,7 @@ def profile_run(model: Any, config: EngineConfig) -> tuple[int, float]:
         next_block += count
     token_ids = [[1] * length for length in lengths]
     inputs = prepare_inputs(token_ids, [0] * num_seqs, lengths, block_ids, block_size).to(config.device)
-    query_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
-    metadata = AttentionMetadata(
-        num_actual_tokens=int(inputs.input_ids.shape[0]), query_start_loc=inputs.query_start_loc,
-        seq_lens=inputs.seq_lens, block_table=inputs.block_table, slot_mapping=inputs.slot_mapping,
-        max_query_len=int(query_lens.max()), max_seq_len=int(inputs.seq_lens.max()))
+    metadata = build_attention_metadata(inputs)
     param = next(model.parameters())
     shape = model.kv_cache_shape(next_block, block_size)
     kv_caches = [torch.zeros(shape, dtype=param.dtype, device=param.device)
@@ -209,7 +205,7 @@ def determine_num_kv_blocks(model: Any, config: EngineConfig, hf_config: Any, by
     num_gpu_blocks = num_blocks_for_budget(budget, bytes_per_block)
     if cap is not None:                 # mini's CPU cap: `cap` usable blocks, plus the null block
         num_gpu_blocks = min(num_gpu_blocks, cap + 1)
-    if num_gpu_blocks - 1 < blocks_per_request:
+    if usable_blocks(num_gpu_blocks) < blocks_per_request:
         raise ValueError(
             f"the KV cache budget ({budget / 2**20:.1f} MiB, policy {policy}) holds {num_gpu_blocks} blocks of "
             f"{config.block_size} tokens, the null block among them, but one request of "

@@ -18,13 +18,17 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from mini.config import ATTENTION_BACKENDS
+from mini.config import add_engine_arguments, cli_engine_args
 from mini.entrypoints.chat_utils import apply_chat_template
+from mini.entrypoints.llm import LLM
+from mini.model.registry import default_chat_model
 from mini.sampling_params import RequestOutputKind, SamplingParams
 
 EXIT_COMMANDS = ("/exit", "/quit")
 RESET_COMMAND = "/reset"
 _request_ids = itertools.count()
+# The engine arguments `chat` takes, each generated from its EngineConfig field (mini/config.py).
+CHAT_ENGINE_ARGS = ("seed", "max_model_len", "device", "dtype", "attention_backend", "enforce_eager")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,12 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=256, help="longest reply, in tokens")
     parser.add_argument("--temperature", type=float, default=0.2, help="0 = greedy (default 0.2, as SmolLM2's card)")
     parser.add_argument("--top-p", type=float, default=0.9)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (CPU always runs eager)")
+    add_engine_arguments(parser, CHAT_ENGINE_ARGS)   # --seed seeds the sampling too
     return parser
 
 
@@ -104,15 +103,11 @@ def chat_loop(llm: Any, params: SamplingParams, stdin: TextIO, stdout: TextIO, s
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mini import LLM
-    from mini.model.registry import default_chat_model
-
     model = args.model if args.model is not None else default_chat_model()
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                                 max_tokens=args.max_tokens)
-        llm = LLM(model=model, max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
-                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, seed=args.seed)
+        llm = LLM(model=model, **cli_engine_args(args, CHAT_ENGINE_ARGS))
     except (ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ beam search on top of `generate()`, one token per step (mini/beam_search.py).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +23,7 @@ from mini.beam_search import (
     BeamSearchSequence,
     create_sort_beams_key_function,
 )
-from mini.config import EngineConfig
+from mini.config import EngineConfig, engine_config_from_args
 from mini.engine.llm_engine import LLMEngine
 from mini.entrypoints.chat_utils import (
     Conversation,
@@ -35,63 +37,27 @@ from mini.sampling_params import BeamSearchParams, SamplingParams
 PromptType = str | dict[str, Any]
 
 
+def _engine_args_signature() -> inspect.Signature:
+    """`LLM.__init__`'s signature as introspection shows it: `self`, `model`, then every other engine
+    argument as a keyword with EngineConfig's default (the constructor itself takes `**engine_args`)."""
+    fields = dataclasses.fields(EngineConfig)
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                  inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+    parameters += [inspect.Parameter(f.name, keyword, default=None if f.default is dataclasses.MISSING
+                                     else f.default) for f in fields if f.name != "model"]
+    return inspect.Signature(parameters, return_annotation=None)
+
+
 class LLM:
     """An LLM for offline inference: `LLM(model=None).generate(prompts, SamplingParams(...))`."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        block_size: int = 16,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
-        max_model_len: int | None = None,
-        enable_chunked_prefill: bool = True,
-        long_prefill_token_threshold: int = 0,
-        enable_prefix_caching: bool = False,
-        prefix_caching_hash_algo: str = "sha256",
-        scheduling_policy: str = "fcfs",
-        num_gpu_blocks_override: int | None = None,
-        kv_cache_memory_bytes: int | None = None,
-        gpu_memory_utilization: float = 0.92,
-        skip_tokenizer_init: bool = False,
-        attention_backend: str | None = None,
-        enforce_eager: bool = False,
-        max_cudagraph_capture_size: int | None = None,
-        compilation_config: int | dict[str, Any] | None = None,
-        device: str = "cpu",
-        dtype: str = "float32",
-        seed: int = 0,
-        logits_processors: Sequence[type] | None = None,
-        speculative_config: dict[str, Any] | None = None,
-    ) -> None:
-        config = EngineConfig(
-            model=model,
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            enable_chunked_prefill=enable_chunked_prefill,
-            long_prefill_token_threshold=long_prefill_token_threshold,
-            enable_prefix_caching=enable_prefix_caching,
-            prefix_caching_hash_algo=prefix_caching_hash_algo,
-            scheduling_policy=scheduling_policy,
-            num_gpu_blocks_override=num_gpu_blocks_override,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            gpu_memory_utilization=gpu_memory_utilization,
-            skip_tokenizer_init=skip_tokenizer_init,
-            attention_backend=attention_backend,
-            enforce_eager=enforce_eager,
-            max_cudagraph_capture_size=max_cudagraph_capture_size,
-            compilation_config=compilation_config,
-            device=device,
-            dtype=dtype,
-            seed=seed,
-            logits_processors=list(logits_processors or []),
-            speculative_config=speculative_config,
-        )
-        self.llm_engine = LLMEngine(config)
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        """`engine_args`: the fields of `EngineConfig` (mini/config.py), by keyword, with its defaults."""
+        self.llm_engine = LLMEngine(engine_config_from_args(model=model, **engine_args))
         self.request_counter = itertools.count()
+
+    __init__.__signature__ = _engine_args_signature()
 
     def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache (vLLM: `LLM.reset_prefix_cache`); False while a request holds blocks."""
@@ -110,8 +76,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate completions for every prompt; outputs come back in prompt order.
 
-        Every prompt is validated before any is queued, so a bad prompt raises and leaves the
-        engine exactly as it was.
+        Every prompt is processed (validated, tokenized) before any is queued, so a bad prompt raises and
+        leaves the engine exactly as it was; the processed requests are then queued as they are (each
+        prompt is tokenized once).
         """
         prompt_list = self._as_prompt_list(prompts)
         params_list = self._broadcast("sampling_params", sampling_params, len(prompt_list), SamplingParams())
@@ -120,17 +87,19 @@ class LLM:
             raise ValueError("priority is only supported with scheduling_policy='priority'")
 
         engine = self.llm_engine
-        for index, (prompt, params, prio) in enumerate(zip(prompt_list, params_list, priority_list)):
-            try:  # validate everything first: nothing is queued if one prompt is bad
-                engine.input_processor.process(f"validate-{index}", prompt, params, 0.0, prio)
+        first_id = next(self.request_counter)
+        request_ids = [str(first_id + index) for index in range(len(prompt_list))]
+        self.request_counter = itertools.count(first_id + len(prompt_list))
+        processed = []
+        for index, (request_id, prompt, params, prio) in enumerate(
+                zip(request_ids, prompt_list, params_list, priority_list)):
+            try:  # process everything first: nothing is queued if one prompt is bad
+                processed.append(engine.process_request(request_id, prompt, params, priority=prio))
             except (ValueError, TypeError) as error:
+                self.request_counter = itertools.count(first_id)   # no id was used
                 raise type(error)(f"prompt {index}: {error}") from None
-
-        request_ids = []
-        for prompt, params, prio in zip(prompt_list, params_list, priority_list):
-            request_id = str(next(self.request_counter))
-            engine.add_request(request_id, prompt, params, priority=prio)
-            request_ids.append(request_id)
+        for request_id, request in zip(request_ids, processed):
+            engine.add_request(request_id, request)
         return self._run_engine(request_ids, use_tqdm)
 
     def chat(

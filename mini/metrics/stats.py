@@ -1,9 +1,12 @@
-"""Mirrors vllm/v1/metrics/stats.py: a snapshot of the scheduler after a step.
+"""Mirrors vllm/v1/metrics/stats.py: the scheduler's counters after a step, for the stat loggers.
 
-vLLM's `Scheduler.make_stats()` returns a `SchedulerStats` (running / waiting counts, KV-cache usage,
-prefix-cache counters) that the engine hands to its stat loggers. mini's has the same counts plus the
-state a teaching view draws: every request's block table and progress, the free-block queue in order
-and each block's reference count. Views and tests read this, not the scheduler's internals.
+vLLM's scheduler (vllm/v1/core/sched/scheduler.py) builds a `SchedulerStats` after each step (running /
+waiting counts, KV-cache usage, prefix-cache and speculative-decoding counters) that the engine hands to
+its stat loggers. mini's holds
+the same counters and nothing else (`LLMEngine.get_scheduler_stats()` builds one; it copies no block
+table). What a teaching view draws (every request's block table, the free queue in order, each block's
+reference count and hash) is a `PoolSnapshot`, taken only when a step observer asks for it
+(mini/metrics/step_trace.py).
 
 `SpecDecodingStats` counts drafts and accepted drafts as vllm/v1/spec_decode/metrics.py does (same field
 names), again as running totals.
@@ -11,15 +14,16 @@ names), again as running totals.
 `PrefixCacheStats` counts prefix-cache lookups as vLLM's does (`requests`, `queries` = tokens looked
 up, `hits` = tokens found cached, once per request when the scheduler admits it; a request resumed after
 a preemption counts in `preempted_requests` / `preempted_queries` / `preempted_hits` instead; `reset`
-after `reset_prefix_cache()`). vLLM's scheduler hands over
-the counts since its last `make_stats()` and the stat logger adds them up; mini's snapshot carries the
-running totals instead (since the engine started or the cache was last reset), which is what a view
-or a benchmark wants to read.
+after `reset_prefix_cache()`). vLLM's scheduler hands over the counts since it last built its stats and
+the stat logger adds them up; mini's carry the running totals instead (since the engine started or the
+cache was last reset), which is what a view or a benchmark wants to read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -89,26 +93,75 @@ class SpecDecodingStats:
 
 @dataclass(slots=True)
 class SchedulerStats:
-    """The scheduler and its KV pool right after `schedule()` (or between steps)."""
+    """The scheduler's counters right after a step (or between steps): no per-block or per-request state."""
 
     step: int                                   # schedule() calls so far
     num_running_reqs: int
     num_waiting_reqs: int
     kv_cache_usage: float                       # fraction of usable blocks in use (0.0 - 1.0)
     num_preemptions: int                        # preemptions since the engine started
-    running_req_ids: list[str] = field(default_factory=list)   # in scheduling order
-    waiting_req_ids: list[str] = field(default_factory=list)   # queue order (preempted ones at the front)
-    block_ids: dict[str, list[int]] = field(default_factory=dict)        # each unfinished request's blocks
-    num_computed_tokens: dict[str, int] = field(default_factory=dict)    # each unfinished request's progress
-    free_block_ids: list[int] = field(default_factory=list)    # free queue, head (evicted first) to tail
-    block_ref_cnts: list[int] = field(default_factory=list)    # ref count of block 0, 1, ... (0 = free)
-    num_gpu_blocks: int = 0                     # the null block included
-    block_size: int = 0
-    # Prefix caching (all empty / zero when it is off):
-    prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)  # running totals
+    # Prefix caching (zero when it is off): running totals.
+    prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    # Speculative decoding (zero when it is off): running totals.
+    spec_decoding_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+
+    @classmethod
+    def from_scheduler(cls, scheduler: Any) -> SchedulerStats:
+        """The counters of `scheduler` (a mini `Scheduler`) now: a few ints and two small copies."""
+        manager = scheduler.kv_cache_manager
+        spec = scheduler.spec_decoding_stats
+        return cls(
+            step=scheduler.step_index,
+            num_running_reqs=len(scheduler.running),
+            num_waiting_reqs=len(scheduler.waiting),
+            kv_cache_usage=manager.block_pool.get_usage(),
+            num_preemptions=scheduler.num_preemptions_total,
+            prefix_cache_stats=dataclasses.replace(manager.prefix_cache_stats),
+            spec_decoding_stats=dataclasses.replace(
+                spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos)),
+        )
+
+
+@dataclass(slots=True)
+class PoolSnapshot:
+    """A copy of the scheduler's queues and the KV pool, for views and tests (mini only: vLLM has none).
+
+    Taken on demand (`LLMEngine.snapshot_pool()`, `StepTrace.snapshot()`): it copies every block's ref
+    count and hash and every block table, so nothing on the serving path builds one.
+    """
+
+    running_req_ids: list[str]                  # in scheduling order
+    waiting_req_ids: list[str]                  # queue order (preempted ones at the front)
+    block_ids: dict[str, list[int]]             # each unfinished request's blocks
+    num_computed_tokens: dict[str, int]         # each unfinished request's progress
+    free_block_ids: list[int]                   # free queue, head (evicted first) to tail
+    block_ref_cnts: list[int]                   # ref count of block 0, 1, ... (0 = free)
+    num_gpu_blocks: int                         # the null block included
+    block_size: int
+    # Prefix caching (all empty when it is off):
     block_hashes: list[bytes | None] = field(default_factory=list)   # hash of block 0, 1, ... (None = none)
     cached_block_ids: list[int] = field(default_factory=list)      # blocks a hit can resolve to now, sorted
     num_cached_tokens: dict[str, int] = field(default_factory=dict)  # each unfinished request's first hit
     request_block_hashes: dict[str, list[bytes]] = field(default_factory=dict)  # each one's full-block chain
-    # Speculative decoding (zero when it is off): running totals.
-    spec_decoding_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+
+    @classmethod
+    def from_scheduler(cls, scheduler: Any) -> PoolSnapshot:
+        """Copy the queues of `scheduler` (a mini `Scheduler`) and its KV pool: O(blocks + table entries)."""
+        manager = scheduler.kv_cache_manager
+        pool = manager.block_pool
+        unfinished = [*scheduler.running, *scheduler.waiting]
+        return cls(
+            running_req_ids=[r.request_id for r in scheduler.running],
+            waiting_req_ids=[r.request_id for r in scheduler.waiting],
+            block_ids={r.request_id: manager.get_block_ids(r.request_id) for r in unfinished},
+            num_computed_tokens={r.request_id: r.num_computed_tokens for r in unfinished},
+            free_block_ids=pool.free_block_ids(),
+            block_ref_cnts=[block.ref_cnt for block in pool.blocks],
+            num_gpu_blocks=pool.num_gpu_blocks,
+            block_size=manager.block_size,
+            block_hashes=[block.block_hash for block in pool.blocks],
+            cached_block_ids=[block.block_id for block in pool.cached_blocks()],
+            num_cached_tokens={r.request_id: max(r.num_cached_tokens, 0) for r in unfinished},
+            request_block_hashes={r.request_id: list(manager.req_to_block_hashes.get(r.request_id, []))
+                                  for r in unfinished},
+        )

@@ -12,23 +12,28 @@ Variants:
 
 Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so loading
 a checkpoint is a name-for-name copy (mini/model/loader.py).
+
+`LlamaForCausalLM` is the home of the `model` role (mini/roles.py): its parts `rms_norm` and `apply_rotary`
+are handed to every submodule when the model is built (`DecoderOps`), so a model class built with replaced
+parts (`choices.resolve(LlamaForCausalLM)`) runs them in every layer. vLLM picks an op's implementation
+when the model is built too (`CustomOp`, vllm/model_executor/custom_op.py). The layers hold the engine's
+attention backend instance (mini/attention/).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from mini.attention import get_attention_backend
+from mini.attention import build_attention_backend
 from mini.model.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
-from mini.seams import seam
 
 if TYPE_CHECKING:
-    from mini.attention.reference import AttentionMetadata
+    from mini.attention.metadata import AttentionMetadata
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -93,25 +98,36 @@ class _AttrView:
         return self._data.get(name)
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in float32 like Hugging Face's LlamaRMSNorm."""
-
-    def __init__(self, hidden_size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.variance_epsilon)  # the module-level function, looked up per call
-
-
-@seam("rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`x / sqrt(mean(x**2, last dim) + eps) * weight`: the statistics in float32, then back to x's dtype."""
     input_dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(input_dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderOps:
+    """The decoder's own operators, chosen when the model is built (the `model` role's parts)."""
+
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm
+    apply_rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rotary
+
+
+REFERENCE_OPS = DecoderOps()
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 like Hugging Face's LlamaRMSNorm."""
+
+    def __init__(self, hidden_size: int, eps: float, ops: DecoderOps = REFERENCE_OPS) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+        self.rms_norm = ops.rms_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rms_norm(x, self.weight, self.variance_epsilon)
 
 
 class LlamaMLP(nn.Module):
@@ -131,7 +147,7 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     """q/k/v projections, (Qwen3: per-head norms), RoPE, paged KV write + read, output projection."""
 
-    def __init__(self, config: DecoderConfig, layer_idx: int, backend: ModuleType) -> None:
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: Any, ops: DecoderOps = REFERENCE_OPS) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
@@ -139,14 +155,15 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.backend = backend
+        self.apply_rotary = ops.apply_rotary
         hidden = config.hidden_size
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
 
     def forward(
         self,
@@ -162,8 +179,7 @@ class LlamaAttention(nn.Module):
         if hasattr(self, "q_norm"):
             query, key = self.q_norm(query), self.k_norm(key)
         cos, sin = cos_sin
-        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        # store_kv / paged_attention are seams (mini/seams.py): a registered replacement runs here.
+        query, key = self.apply_rotary(query, cos, sin), self.apply_rotary(key, cos, sin)
         self.backend.store_kv(key, value, kv_cache, attn_metadata.slot_mapping)
         out = self.backend.paged_attention(query, kv_cache, attn_metadata, self.scaling)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
@@ -172,12 +188,12 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: DecoderConfig, layer_idx: int, backend: ModuleType) -> None:
+    def __init__(self, config: DecoderConfig, layer_idx: int, backend: Any, ops: DecoderOps = REFERENCE_OPS) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, backend)
+        self.self_attn = LlamaAttention(config, layer_idx, backend, ops)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward(self, hidden, cos_sin, kv_cache, attn_metadata) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos_sin, kv_cache, attn_metadata)
@@ -185,13 +201,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: DecoderConfig, backend: ModuleType) -> None:
+    def __init__(self, config: DecoderConfig, backend: Any, ops: DecoderOps = REFERENCE_OPS) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, idx, backend) for idx in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, idx, backend, ops) for idx in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_parameters)
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
@@ -203,14 +219,22 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder + LM head. `forward` returns hidden states; `compute_logits` turns chosen rows into logits."""
+    """Decoder + LM head. `forward` returns hidden states; `compute_logits` turns chosen rows into logits.
 
-    def __init__(self, hf_config: Any, attention_backend: str = "torch") -> None:
+    `attention_backend`: a backend name ("torch", "torch_fast", "triton") or a built backend instance,
+    which every layer then holds (the engine builds one per engine, mini/attention/).
+    """
+
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+    rms_norm = staticmethod(rms_norm)
+    apply_rotary = staticmethod(apply_rotary)
+
+    def __init__(self, hf_config: Any, attention_backend: str | Any = "torch") -> None:
         super().__init__()
         self.config = DecoderConfig.from_hf_config(hf_config)
-        self.attention_backend = attention_backend
-        backend = get_attention_backend(attention_backend)
-        self.model = LlamaModel(self.config, backend)
+        self.attention_backend = build_attention_backend(attention_backend)
+        self.ops = DecoderOps(rms_norm=self.rms_norm, apply_rotary=self.apply_rotary)
+        self.model = LlamaModel(self.config, self.attention_backend, self.ops)
         self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
         self.tie_weights()
 
@@ -219,12 +243,11 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def set_attention_backend(self, name: str) -> None:
-        """Switch every layer to backend `name` ("torch" or "triton")."""
-        backend = get_attention_backend(name)
-        self.attention_backend = name
+    def set_attention_backend(self, backend: str | Any) -> None:
+        """Give every layer `backend`: a built backend instance, or a name ("torch", "torch_fast", "triton")."""
+        self.attention_backend = build_attention_backend(backend)
         for layer in self.model.layers:
-            layer.self_attn.backend = backend
+            layer.self_attn.backend = self.attention_backend
 
     def forward(
         self,

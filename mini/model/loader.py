@@ -6,7 +6,9 @@ weight_utils.py (`safetensors_weights_iterator`). mini's parameter names equal t
 each tensor is copied into the parameter of the same name; a tied `lm_head.weight` may be absent.
 
 `load_model` returns `(model, hf_config)` where `hf_config` is the transformers `PretrainedConfig`
-read by `AutoConfig.from_pretrained(model_dir)` from the folder's config.json (offline).
+read by `AutoConfig.from_pretrained(model_dir)` from the folder's config.json (offline). The model's class is
+`choices.resolve(LlamaForCausalLM)` (the `model` role's parts, mini/roles.py) and its layers hold one attention
+backend built with the same choices.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from mini.attention import build_attention_backend
 from mini.model.llama import LlamaForCausalLM
+from mini.roles import DEFAULT, Choices
 
 DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHARD_INDEX_FILE = "model.safetensors.index.json"
@@ -32,6 +36,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str = torch.float32,
     attention_backend: str = "torch",
+    choices: Choices = DEFAULT,
 ) -> tuple[LlamaForCausalLM, Any]:
     """Build the model described by `model_dir/config.json` and fill it from its safetensors files."""
     folder = Path(model_dir)
@@ -45,8 +50,9 @@ def load_model(
         raise ValueError("quantized checkpoints are not supported (config.json has quantization_config)")
     weight_files = find_safetensors_files(folder)
 
+    backend = build_attention_backend(attention_backend, choices)
     with torch.device("meta"):  # no time spent on random init: every tensor comes from the checkpoint
-        model = LlamaForCausalLM(hf_config, attention_backend=attention_backend)
+        model = choices.resolve(LlamaForCausalLM)(hf_config, attention_backend=backend)
     model.to(torch_dtype)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own storage; share the tied weight again

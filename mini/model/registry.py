@@ -19,8 +19,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mini.config import SHIPPED_MODEL_DIR
 from mini.model import gguf_loader
+
+SHIPPED_MODEL_DIR = Path(__file__).parent.parent / "assets" / "tiny-llama"  # mini/assets/tiny-llama
 
 
 @dataclass(frozen=True, slots=True)

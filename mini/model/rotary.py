@@ -13,8 +13,6 @@ from typing import Any
 
 import torch
 
-from mini.seams import seam
-
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -87,7 +85,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-@seam("apply_rotary")
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate `x` `[T, heads, head_dim]` by per-token `cos`/`sin` `[T, head_dim]`."""
     cos, sin = cos[:, None, :], sin[:, None, :]

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mini.seams import seam
-
 
 @dataclass(slots=True)
 class LogprobsTensors:
@@ -35,7 +33,6 @@ def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     return logits.log_softmax(dim=-1, dtype=torch.float32)
 
 
-@seam("gather_logprobs")
 def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
     """Top-`num_logprobs` entries of each row plus the logprob and rank of `token_ids[row]`.
 

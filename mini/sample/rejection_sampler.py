@@ -24,14 +24,31 @@ rejection's recovered token is ever used, so a row can share one race across its
 `generators` draws its uniforms, then its race, from its own generator (and nothing when it has no
 drafts), so a seeded request's output does not depend on the rest of the batch. vLLM does this in Triton
 kernels; here it is torch, vectorised over the flat draft tokens, with `[B, max_k]` padded views.
+
+`RejectionSampler` (vLLM's class of the same name) runs one step's verification in one pass: the sampler
+samples every row of the batch once, from its last scheduled position (a row with drafts: its bonus
+token, with the drafts already in its output history, as vLLM's `predict_bonus_token`), then the target's
+distribution p at every draft position comes from the same sampler pipeline (`Sampler.compute_probs`),
+and `rejection_sample` decides. No generator is drawn from twice or rewound: a seeded row with drafts
+draws its bonus race, then its uniforms, then its recovery race. It holds `compute_residual_probs` and
+`rejection_sample`, the two parts of the sampler role it owns (mini/roles.py).
 """
 
 from __future__ import annotations
 
-import torch
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
 
+import torch
+from torch import nn
+
+from mini.sample.logprobs import compute_logprobs, logprobs_to_dicts
+from mini.sample.metadata import SamplingMetadata
 from mini.sample.ops.topk_topp_sampler import exponentials_
-from mini.seams import seam
+from mini.sample.sampler import Sampler, SamplerOutput
+from mini.sampling_params import SAMPLING_EPS
+from mini.spec_decode.metadata import SpecDecodeMetadata
 
 PLACEHOLDER_TOKEN_ID = -1
 
@@ -46,7 +63,6 @@ def draft_distribution(draft_probs: torch.Tensor | None, draft_token_ids: torch.
     return one_hot.scatter_(1, draft_token_ids.view(-1, 1), 1.0)
 
 
-@seam("compute_residual_probs")
 def compute_residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                            draft_token_ids: torch.Tensor) -> torch.Tensor:
     """[N, V] float32: max(0, p - q) normalised per row. q = draft_probs, or one-hot at draft_token_ids
@@ -85,7 +101,6 @@ def _to_padded(flat: torch.Tensor, row_of_token: torch.Tensor, position: torch.T
     return padded
 
 
-@seam("rejection_sample")
 def rejection_sample(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: list[int],
@@ -94,6 +109,8 @@ def rejection_sample(
     bonus_token_ids: torch.Tensor,
     is_greedy: torch.Tensor,
     generators: dict[int, torch.Generator],
+    *,
+    compute_residual_probs=compute_residual_probs,
 ) -> torch.Tensor:
     """Verify every request's drafts; int64 [B, max(num_draft_tokens) + 1], padded with PLACEHOLDER_TOKEN_ID.
 
@@ -155,14 +172,102 @@ def rejection_sample(
     return output
 
 
-class RejectionSampler:
-    """vLLM's `RejectionSampler` front: `rejection_sample` plus `parse_output` to per-request token lists."""
+def outputs_with_drafts(output_token_ids: list[int], drafts: list[int]) -> list[int]:
+    """A row's output history as the position after `drafts` sees it: the tokens so far, then the drafts."""
+    return output_token_ids + drafts if drafts else output_token_ids
 
-    def __call__(self, draft_token_ids: torch.Tensor, num_draft_tokens: list[int],
-                 draft_probs: torch.Tensor | None, target_probs: torch.Tensor, bonus_token_ids: torch.Tensor,
-                 is_greedy: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-        return rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_probs,
-                                bonus_token_ids, is_greedy, generators)
+
+@dataclass(slots=True)
+class RejectionSamplerOutput:
+    """One verification step: the sampler's pass over every row, and what each row with drafts emits."""
+
+    sampler_output: SamplerOutput             # every row's token (a row with drafts: its bonus token)
+    token_ids: dict[int, list[int]]           # batch row with drafts -> accepted drafts + recovered or bonus
+    logprobs: dict[int, list[dict[int, float]]]  # the same rows, when they ask `logprobs`: one dict per token
+
+
+class RejectionSampler(nn.Module):
+    """Mirrors vllm/v1/sample/rejection_sampler.py `RejectionSampler`: the sampler samples every row once (the
+    bonus tokens), the rejection test keeps a prefix of each row's drafts. `parse_output` gives each row's
+    tokens as a list."""
+
+    compute_residual_probs = staticmethod(compute_residual_probs)
+    rejection_sample = staticmethod(rejection_sample)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, sampler: Sampler) -> None:
+        super().__init__()
+        self.sampler = sampler
+
+    def forward(self, spec: SpecDecodeMetadata, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+                target_logits: torch.Tensor, metadata: SamplingMetadata) -> RejectionSamplerOutput:
+        """`logits` [B, V]: every row's last scheduled position (a row with drafts: its bonus position);
+        `target_logits` [T, V]: the draft positions (`spec.target_logits_indices`); `draft_probs` [T, V] or
+        None (one-hot drafts); `metadata`: the step's SamplingMetadata. May edit `logits` in place."""
+        outputs = list(metadata.output_token_ids)
+        for row, drafts in zip(spec.rows, spec.draft_token_ids):
+            outputs[row] = outputs_with_drafts(outputs[row], drafts)
+        sampler_output = self.sampler(logits, dataclasses.replace(metadata, output_token_ids=outputs))
+        target_logits = target_logits.to(torch.float32)
+        output = self.rejection_sample(
+            spec.flat_draft_token_ids(target_logits.device), spec.num_draft_tokens, draft_probs,
+            self.target_probs(spec, target_logits, metadata), sampler_output.sampled_token_ids[spec.rows],
+            self.rows_are_greedy(metadata, spec.rows, target_logits.device),
+            {entry: metadata.generators[row] for entry, row in enumerate(spec.rows) if row in metadata.generators})
+        token_ids = dict(zip(spec.rows, self.parse_output(output)))
+        return RejectionSamplerOutput(sampler_output, token_ids,
+                                      self.emitted_logprobs(spec, target_logits, sampler_output, metadata, token_ids))
+
+    def target_probs(self, spec: SpecDecodeMetadata, target_logits: torch.Tensor,
+                     metadata: SamplingMetadata) -> torch.Tensor:
+        """float32 [T, V]: p at every draft position, what the sampler would have drawn from had the request
+        decoded its drafts one step at a time: the same processors, and penalties that see the drafts before
+        the position as output already. One full-batch `compute_probs` per position j (the processors and
+        penalty tensors are indexed by batch row); rows with no draft at j are zeros and ignored."""
+        probs = torch.empty_like(target_logits)
+        starts = spec.draft_starts
+        for position in range(spec.max_spec_len):
+            entries = [entry for entry, drafts in enumerate(spec.draft_token_ids) if position < len(drafts)]
+            rows = [spec.rows[entry] for entry in entries]
+            flat = [starts[entry] + position for entry in entries]
+            logits = target_logits.new_zeros(metadata.num_rows, target_logits.shape[1])
+            logits[rows] = target_logits[flat]
+            outputs = list(metadata.output_token_ids)
+            for entry, row in zip(entries, rows):
+                outputs[row] = outputs_with_drafts(outputs[row], spec.draft_token_ids[entry][:position])
+            position_probs = self.sampler.compute_probs(logits, dataclasses.replace(metadata,
+                                                                                    output_token_ids=outputs))
+            probs[flat] = position_probs[rows]
+        return probs
+
+    @staticmethod
+    def rows_are_greedy(metadata: SamplingMetadata, rows: list[int], device: torch.device) -> torch.Tensor:
+        """bool [len(rows)]: which of these batch rows decode greedily."""
+        if metadata.temperature is None:
+            return torch.ones(len(rows), dtype=torch.bool, device=device)
+        return metadata.temperature[rows] < SAMPLING_EPS
+
+    def emitted_logprobs(self, spec: SpecDecodeMetadata, target_logits: torch.Tensor,
+                         sampler_output: SamplerOutput, metadata: SamplingMetadata,
+                         token_ids: dict[int, list[int]]) -> dict[int, list[dict[int, float]]]:
+        """For rows asking `logprobs`: each emitted token's logprob under the raw target logits at its
+        position (the draft positions', then the bonus position's, which the sampler already gathered)."""
+        if sampler_output.logprobs_tensors is None:   # no row of the batch asks for logprobs
+            return {}
+        bonus = logprobs_to_dicts(sampler_output.logprobs_tensors, metadata.num_logprobs)
+        result: dict[int, list[dict[int, float]]] = {}
+        for entry, (row, start) in enumerate(zip(spec.rows, spec.draft_starts)):
+            wanted = metadata.num_logprobs[row]
+            if wanted is None:
+                continue
+            emitted = token_ids[row]
+            judged = min(len(emitted), len(spec.draft_token_ids[entry]))   # tokens emitted at draft positions
+            raw = compute_logprobs(target_logits[start: start + judged])
+            tensors = self.sampler.gather_logprobs(raw, wanted, torch.as_tensor(emitted[:judged], device=raw.device))
+            result[row] = logprobs_to_dicts(tensors, [wanted] * judged)
+            if len(emitted) > judged:   # every draft accepted: the bonus token, as the sampler gathered it
+                result[row].append(bonus[row])
+        return result
 
     @staticmethod
     def parse_output(output_token_ids: torch.Tensor) -> list[list[int]]:

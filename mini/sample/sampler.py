@@ -12,22 +12,27 @@ Order of operations (as vLLM's `Sampler.forward` / `Sampler.sample`):
    fused one that only looks at each row's top-k window;
 6. greedy and random rows are merged with one `torch.where`.
 
-`apply_temperature`, `apply_top_k_top_p`, `random_sample`, `apply_all_penalties` and `gather_logprobs`
-are seams (mini/seams.py). The sampler may modify `logits` in place, as vLLM's does.
+`apply_temperature`, `apply_all_penalties`, `apply_top_k_top_p`, `random_sample` and `gather_logprobs`
+are the parts this class holds for the sampler role (mini/roles.py); it calls them through `self`, so an
+engine built with a replacement runs it. The fused path (step 5 in a top-k window) is the default; a
+sampler built with any part replaced runs the reference pipeline instead, decided once, in `__init__`.
+`compute_probs` walks the same pipeline and stops at the distribution `sample` would draw from.
+The sampler may modify `logits` in place, as vLLM's does.
 
-A structured-output grammar bitmask is applied first, before step 1: vLLM applies it in the model runner
-just before it calls the sampler (`apply_grammar_bitmask` in vllm/v1/structured_output/utils.py), so its
-raw logprobs give a disallowed token -inf too (mini's choice: the call sits inside the sampler).
+A structured-output grammar bitmask is already applied when the sampler runs: the model runner masks the
+logits just before it calls the sampler, as vLLM's (`apply_grammar_bitmask` in
+vllm/v1/structured_output/utils.py; mini/structured_output/bitmask.py), so raw logprobs give a disallowed
+token -inf too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from mini import seams
 from mini.sample import logprobs as logprobs_ops
 from mini.sample.logprobs import LogprobsTensors
 from mini.sample.metadata import SamplingMetadata, make_padded_tensor
@@ -36,8 +41,6 @@ from mini.sample.ops import penalties as penalties_ops
 from mini.sample.ops import topk_topp as topk_topp_ops
 from mini.sample.ops import topk_topp_sampler as sampler_ops
 from mini.sampling_params import SAMPLING_EPS
-from mini.seams import seam
-from mini.structured_output.bitmask import apply_token_bitmask_inplace
 
 
 @dataclass(slots=True)
@@ -48,7 +51,6 @@ class SamplerOutput:
     logprobs_tensors: LogprobsTensors | None
 
 
-@seam("apply_temperature")
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor, all_random: bool) -> torch.Tensor:
     """Divide each row by its temperature, in place; greedy rows (temperature ~0) are divided by 1."""
     if not all_random:
@@ -62,35 +64,36 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices.view(-1)
 
 
-# The fused path replaces these two steps; it steps aside while either has a replacement installed.
-FUSED_SEAMS = ("apply_top_k_top_p", "random_sample")
+def one_hot_probs(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """float32 [N, V]: probability 1 at each row's token (a greedy row's distribution)."""
+    return torch.nn.functional.one_hot(token_ids, vocab_size).to(torch.float32)
 
 
 class Sampler(nn.Module):
     """logits [N, V] + SamplingMetadata -> SamplerOutput.
 
     `use_fused=True` samples truncated rows inside a top-k window (ops/topk_topp_sampler.py
-    `sample_fused`, same distribution); it is used only while neither seam it fuses (`FUSED_SEAMS`) has
-    a replacement installed, so a replacement always runs.
+    `sample_fused`, same distribution). A sampler whose class holds a replaced part (`replaced_parts`,
+    set by `Choices.resolve`) never takes it: the reference pipeline calls every part.
     """
+
+    apply_temperature = staticmethod(apply_temperature)
+    apply_all_penalties = staticmethod(penalties_ops.apply_all_penalties)
+    apply_top_k_top_p = staticmethod(topk_topp_ops.apply_top_k_top_p)
+    random_sample = staticmethod(sampler_ops.random_sample)
+    gather_logprobs = staticmethod(logprobs_ops.gather_logprobs)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, use_fused: bool = True) -> None:
         super().__init__()
-        self.use_fused = use_fused
+        self.use_fused = use_fused and not self.replaced_parts
 
-    def _fused_allowed(self) -> bool:
-        return self.use_fused and not any(seams.is_overridden(name) for name in FUSED_SEAMS)
-
-    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata,
-                grammar_bitmask: tuple[torch.Tensor, torch.Tensor] | None = None) -> SamplerOutput:
-        """`grammar_bitmask`: structured output's (int32 [n, ceil(V/32)], rows [n]), applied first."""
+    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != sampling_metadata.num_rows:
             raise ValueError(f"logits must be [num_rows={sampling_metadata.num_rows}, vocab_size], "
                              f"got shape {tuple(logits.shape)}")
         if logits.dtype != torch.float32:
             logits = logits.to(torch.float32)
-        if grammar_bitmask is not None:  # structured output: before anything else, raw logprobs included
-            apply_token_bitmask_inplace(logits, *grammar_bitmask)
         num_logprobs = sampling_metadata.max_num_logprobs
         raw_logprobs = None if num_logprobs is None else logprobs_ops.compute_logprobs(logits)
 
@@ -99,29 +102,24 @@ class Sampler(nn.Module):
 
         logprobs_tensors = None
         if raw_logprobs is not None:
-            logprobs_tensors = logprobs_ops.gather_logprobs(raw_logprobs, num_logprobs, sampled)
+            logprobs_tensors = self.gather_logprobs(raw_logprobs, num_logprobs, sampled)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
 
     def compute_probs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """The distribution `sample` draws each row from, as probabilities `[N, V]`: every edit of
-        `forward` (processors, penalties, temperature, min-p, top-k / top-p), then softmax. Greedy rows get
-        a one-hot at the token `sample` picks (the argmax before temperature), so nothing can tie it.
+        """The distribution `sample` draws each row from, as probabilities `[N, V]`: `forward`'s pipeline up
+        to the draw. Greedy rows get a one-hot at the token `sample` picks (the argmax before temperature),
+        so nothing can tie it.
 
-        Speculative decoding's target distribution p at each draft position (mini/worker/spec_decode.py).
+        Speculative decoding's target distribution p at each draft position (rejection_sampler.py).
         """
         logits = self.apply_logits_processors(logits, metadata)
-        greedy = None if metadata.all_random else greedy_sample(logits)
-        if metadata.all_greedy:
-            return torch.nn.functional.one_hot(greedy, logits.shape[1]).to(torch.float32)
-        assert metadata.temperature is not None
-        logits = apply_temperature(logits, metadata.temperature, metadata.all_random)
-        for processor in metadata.logitsprocs.argmax_invariant:
-            logits = processor.apply(logits)
-        logits = topk_topp_ops.apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        greedy, tempered = self.greedy_then_tempered(logits, metadata)
+        if tempered is None:
+            return one_hot_probs(greedy, logits.shape[1])
+        probs = self.truncated_probs(tempered, metadata)
         if greedy is not None:
             is_greedy = metadata.temperature < SAMPLING_EPS
-            probs[is_greedy] = torch.nn.functional.one_hot(greedy[is_greedy], logits.shape[1]).to(torch.float32)
+            probs[is_greedy] = one_hot_probs(greedy[is_greedy], logits.shape[1])
         return probs
 
     def apply_logits_processors(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -144,25 +142,39 @@ class Sampler(nn.Module):
             prompt_ids = torch.full((logits.shape[0], 1), vocab_size, dtype=torch.int64, device=logits.device)
         # Output histories grow every step: read the live lists now.
         output_ids = make_padded_tensor(metadata.output_token_ids, vocab_size, logits.device)
-        return penalties_ops.apply_all_penalties(
+        return self.apply_all_penalties(
             logits, prompt_ids, output_ids, metadata.presence_penalties,
             metadata.frequency_penalties, metadata.repetition_penalties)
 
-    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """Greedy argmax and/or a random draw, merged per row."""
+    def greedy_then_tempered(self, logits: torch.Tensor, metadata: SamplingMetadata
+                             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Steps 3-4: the greedy rows' argmax (None when every row samples), then temperature and the
+        argmax-invariant processors (None when every row is greedy: nothing is left to draw)."""
         greedy = None if metadata.all_random else greedy_sample(logits)
         if metadata.all_greedy:
-            return greedy
+            return greedy, None
         assert metadata.temperature is not None
-        logits = apply_temperature(logits, metadata.temperature, metadata.all_random)
+        logits = self.apply_temperature(logits, metadata.temperature, metadata.all_random)
         for processor in metadata.logitsprocs.argmax_invariant:
             logits = processor.apply(logits)
-        if self._fused_allowed():
+        return greedy, logits
+
+    def truncated_probs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Step 5's distribution on the reference pipeline: top-k / top-p, then softmax."""
+        logits = self.apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        return logits.softmax(dim=-1, dtype=torch.float32)
+
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Greedy argmax and/or a random draw, merged per row."""
+        greedy, tempered = self.greedy_then_tempered(logits, metadata)
+        if tempered is None:
+            return greedy
+        if self.use_fused:
             active = None if greedy is None else metadata.temperature >= SAMPLING_EPS
-            sampled = sampler_ops.sample_fused(logits, metadata.top_k, metadata.top_p, metadata.generators,
+            sampled = sampler_ops.sample_fused(tempered, metadata.top_k, metadata.top_p, metadata.generators,
                                                active)
         else:
-            sampled = sampler_ops.sample_native(logits, metadata.top_k, metadata.top_p, metadata.generators)
+            sampled = self.random_sample(self.truncated_probs(tempered, metadata), metadata.generators)
         if greedy is None:
             return sampled
         return torch.where(metadata.temperature < SAMPLING_EPS, greedy, sampled)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from mini.attention import get_attention_backend
+from mini.attention import build_attention_backend
 from mini.model.llama import DecoderConfig, LlamaDecoderLayer, RMSNorm
 from mini.model.loader import iterate_checkpoint, load_weights, resolve_dtype
 from mini.model.rotary import RotaryEmbedding, apply_rotary
@@ -77,7 +77,7 @@ class EagleHead(nn.Module):
         self.attention_backend = attention_backend
         # fc reads cat(embed(x_{t+1}), h_t): the embedding first, then the target hidden state (vLLM's order).
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-        self.layer = LlamaDecoderLayer(self.config, 0, get_attention_backend(attention_backend))
+        self.layer = LlamaDecoderLayer(self.config, 0, build_attention_backend(attention_backend))
         self.norm = RMSNorm(hidden, self.config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(self.config.head_dim, self.config.rope_parameters)
         # The target's embedding, shared and NOT registered as a submodule: it is not in this head's
@@ -86,7 +86,7 @@ class EagleHead(nn.Module):
 
     def set_attention_backend(self, name: str) -> None:
         """Switch the layer to backend `name` ("torch" or "triton")."""
-        self.layer.self_attn.backend = get_attention_backend(name)
+        self.layer.self_attn.backend = build_attention_backend(name)
         self.attention_backend = name
 
     def fuse_inputs(self, input_ids: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mini.attention.metadata import build_attention_metadata
 from mini.worker import prepare_inputs as batch_inputs
-from mini.worker.model_runner import build_attention_metadata
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig

@@ -21,7 +21,7 @@ back the match reaches (at most max_n); the longest count wins, ties go to the e
 
 from __future__ import annotations
 
-from mini.seams import seam
+from typing import ClassVar
 
 
 def _check_lookup_args(min_n: int, max_n: int, k: int) -> None:
@@ -42,7 +42,6 @@ def _match_length(token_ids: list[int], end: int, max_n: int) -> int:
     return length
 
 
-@seam("propose_ngram")
 def propose_ngram(token_ids: list[int], min_n: int, max_n: int, k: int,
                   max_model_len: int | None = None) -> list[int]:
     """Prompt-lookup drafting: for n from max_n down to min_n, if the last n tokens occurred earlier in
@@ -78,7 +77,14 @@ def propose_ngram(token_ids: list[int], min_n: int, max_n: int, k: int,
 
 
 class NgramProposer:
-    """Drafts for a batch of requests, one `propose_ngram` per request (vLLM's `NgramProposer`)."""
+    """Drafts for a batch of requests, one `propose_ngram` per request (vLLM's `NgramProposer`).
+
+    The home of the drafter role's part (mini/roles.py): an engine built with a replaced `propose_ngram`
+    gets this class from `Choices.resolve`, holding the replacement.
+    """
+
+    propose_ngram = staticmethod(propose_ngram)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, min_n: int, max_n: int, k: int, max_model_len: int) -> None:
         _check_lookup_args(min_n, max_n, k)
@@ -89,5 +95,5 @@ class NgramProposer:
 
     def propose(self, token_ids_per_request: list[list[int]]) -> list[list[int]]:
         """Each request's drafts (prompt + output tokens so far -> up to k draft tokens; [] if no match)."""
-        return [propose_ngram(token_ids, self.min_n, self.max_n, self.k, self.max_model_len)
+        return [self.propose_ngram(token_ids, self.min_n, self.max_n, self.k, self.max_model_len)
                 for token_ids in token_ids_per_request]

@@ -3,7 +3,8 @@
 Mirrors the proposer selection in `GPUModelRunner.__init__` (vllm/v1/worker/gpu_model_runner.py), which
 builds an `NgramProposer`, a `DraftModelProposer` or an `EagleProposer` from the speculative config, and
 `propose_draft_token_ids`, which the runner calls after sampling. Every drafter here has one method,
-`propose(states, new_token_ids, is_partial, inputs, hidden) -> one draft list per batch row`.
+`propose(states, new_token_ids, is_partial, inputs, hidden) -> one draft list per batch row`. `choices`
+(what the engine chose when it was built, mini/roles.py) picks the `NgramProposer` class.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mini.spec_decode import ngram_proposer
+from mini.roles import DEFAULT, Choices
+from mini.spec_decode.draft_model import DraftModelProposer
+from mini.spec_decode.eagle import EagleProposer
+from mini.spec_decode.ngram_proposer import NgramProposer
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
@@ -22,31 +26,34 @@ if TYPE_CHECKING:
 
 
 class NgramDrafter:
-    """Prompt-lookup drafting from each request's own tokens: no network, no KV cache."""
+    """Prompt-lookup drafting from each request's own tokens: no network, no KV cache. Only the requests
+    that just sampled a token draft (not one in the middle of its prompt)."""
 
-    def __init__(self, spec: SpeculativeConfig, max_model_len: int) -> None:
-        self.spec = spec
-        self.max_model_len = max_model_len
+    def __init__(self, proposer: NgramProposer) -> None:
+        self.proposer = proposer
+
+    @classmethod
+    def from_config(cls, spec: SpeculativeConfig, max_model_len: int, choices: Choices = DEFAULT) -> NgramDrafter:
+        proposer_class = choices.resolve(NgramProposer)
+        return cls(proposer_class(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens,
+                                  max_model_len))
 
     def propose(self, states: list[CachedRequestState], new_token_ids: list[list[int]], is_partial: list[bool],
                 inputs: PreparedInputs, hidden: torch.Tensor) -> list[list[int]]:
-        spec = self.spec
-        return [[] if partial or not new else
-                ngram_proposer.propose_ngram(state.all_token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max,
-                                             spec.num_speculative_tokens, self.max_model_len)
-                for state, new, partial in zip(states, new_token_ids, is_partial)]
+        drafting = [row for row, (new, partial) in enumerate(zip(new_token_ids, is_partial)) if new and not partial]
+        drafts: list[list[int]] = [[] for _ in states]
+        for row, proposal in zip(drafting, self.proposer.propose([states[row].all_token_ids for row in drafting])):
+            drafts[row] = proposal
+        return drafts
 
 
-def build_drafter(config: EngineConfig, target_model: torch.nn.Module, num_blocks: int):
+def build_drafter(config: EngineConfig, target_model: torch.nn.Module, num_blocks: int,
+                  choices: Choices = DEFAULT):
     """The drafter `config.speculative_config` asks for (n-gram, draft model or EAGLE head)."""
     spec = config.speculative_config
     assert spec is not None and config.max_model_len is not None
     if spec.method == "ngram":
-        return NgramDrafter(spec, config.max_model_len)
+        return NgramDrafter.from_config(spec, config.max_model_len, choices)
     if spec.method == "draft_model":
-        from mini.spec_decode.draft_model import DraftModelProposer
-
         return DraftModelProposer(config, target_model, num_blocks)
-    from mini.spec_decode.eagle import EagleProposer
-
     return EagleProposer(config, target_model, num_blocks)

@@ -3,14 +3,16 @@
 The engine owns one manager. Its jobs, in vLLM's order:
 
 - `grammar_init(request)` (at add_request): submit the compilation to a worker thread and leave the
-  request in `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`; the scheduler skips it until `is_grammar_ready()`
-  (scheduler.py).
+  request in `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`; the scheduler holds it out of its waiting queue
+  until `is_grammar_ready()` (`Scheduler.promote_ready_grammars`, after every step).
 - `grammar_bitmask(requests, scheduler_output)` (every step, after schedule): one packed int32 row
-  `[ceil(vocab / 32)]` per scheduled constrained request; the sampler applies it (bitmask.py).
-- `advance(request, token_id)` (in update_from_output): feed the sampled token to the request's FSM.
-  A token the grammar cannot take (a dead end, or a failed compile) finishes the request with
-  `FINISHED_ERROR` (finish reason "error", vLLM's status when its grammar rejects a token). mini's choice:
-  the refused token is not emitted (vLLM has already appended it when `accept_tokens` fails).
+  `[ceil(vocab / 32)]` per scheduled constrained request; the model runner applies it to the logits
+  before sampling (`BitmaskApplier`, bitmask.py), as vLLM's `GPUModelRunner` does.
+- accepting tokens (in the scheduler's update_from_output): each sampled token goes to the request's
+  grammar, which answers with a verdict (`StructuredOutputRequest.accept_token`, request.py); the scheduler
+  alone turns a refusal into `FINISHED_ERROR` (finish reason "error", vLLM's status when its grammar rejects
+  a token) and a completed grammar into a stop. mini's choice: the refused token is not emitted (vLLM has
+  already appended it when `accept_tokens` fails).
 
 Preemption needs nothing special: the FSM state advances only with accepted output tokens, which a
 preempted request keeps, so it resumes exactly where it was. See README "Structured output".
@@ -19,16 +21,16 @@ preempted request keeps, so it resumes exactly where it was. See README "Structu
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mini.roles import DEFAULT, Choices
 from mini.structured_output.backend_mini import MiniBackend, MiniGrammar, build_checked_nfa, spec_key
 from mini.structured_output.json_schema import check_json_nesting
-from mini.structured_output.request import StructuredOutputRequest
+from mini.structured_output.request import GrammarVerdict, StructuredOutputRequest
 from mini.structured_output.token_index import bitmask_words
 
 if TYPE_CHECKING:
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
     from mini.core.sched.output import SchedulerOutput
     from mini.sampling_params import StructuredOutputsParams
 
-__all__ = ["GrammarOutput", "StructuredOutputManager", "StructuredOutputRequest", "validate_structured_outputs"]
+__all__ = ["GrammarOutput", "GrammarVerdict", "StructuredOutputManager", "StructuredOutputRequest",
+           "validate_structured_outputs"]
 
 
 def validate_structured_outputs(params: StructuredOutputsParams) -> None:
@@ -68,12 +71,11 @@ class GrammarOutput:
 class StructuredOutputManager:
     """Compiles grammars off the step loop and builds each step's bitmask."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None, max_workers: int = 1) -> None:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None, max_workers: int = 1,
+                 choices: Choices = DEFAULT) -> None:
         self.vocab_size = vocab_size
-        self.backend = None if tokenizer is None else MiniBackend(tokenizer, vocab_size, eos_token_id)
+        self.backend = None if tokenizer is None else MiniBackend(tokenizer, vocab_size, eos_token_id, choices)
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="mini-grammar")
-        # Seconds spent filling the last step's bitmask (the benchmark reads it).
-        self.last_mask_seconds = 0.0
         self._pending: set[concurrent.futures.Future] = set()
 
     def grammar_init(self, request: Request) -> None:
@@ -100,7 +102,6 @@ class StructuredOutputManager:
     def grammar_bitmask(self, requests: dict[str, Request], scheduler_output: SchedulerOutput
                         ) -> GrammarOutput | None:
         """Mask rows for the scheduled constrained requests (None when there are none)."""
-        started = time.perf_counter()
         ids = [req_id for req_id in scheduler_output.num_scheduled_tokens
                if req_id in requests and requests[req_id].structured_output_request is not None]
         if not ids:
@@ -108,39 +109,10 @@ class StructuredOutputManager:
         bitmask = np.full((len(ids), bitmask_words(self.vocab_size)), -1, dtype=np.int32)
         for row, req_id in enumerate(ids):
             grammar = requests[req_id].structured_output_request.grammar
-            # A terminated or dead grammar keeps the all-ones row: its next token is rejected by advance().
+            # A terminated or dead grammar keeps the all-ones row: its next token is refused (accept_token).
             if isinstance(grammar, MiniGrammar) and not grammar.is_terminated() and not grammar.is_dead_end():
                 grammar.fill_bitmask(bitmask, row)
-        self.last_mask_seconds = time.perf_counter() - started
         return GrammarOutput(structured_output_request_ids=ids, grammar_bitmask=bitmask)
-
-    @staticmethod
-    def advance(request: Request, token_id: int) -> str | None:
-        """Feed one sampled token to the request's FSM. -> None if accepted, else why it was refused."""
-        so_request = request.structured_output_request
-        if so_request is None:
-            return None
-        grammar = so_request.grammar
-        if grammar is None:
-            return "structured output: token sampled before the grammar was compiled"
-        if grammar.accept_tokens([token_id]):
-            return None
-        if getattr(grammar, "error", None) is not None:
-            return f"structured output: grammar compilation failed: {grammar.error}"
-        return f"structured output: no token can continue the grammar here (token {token_id} refused)"
-
-    @staticmethod
-    def check_complete(request: Request) -> bool:
-        """After a token is appended: finish with "stop" once the FSM took EOS (matters with ignore_eos)."""
-        so_request = request.structured_output_request
-        grammar = None if so_request is None else so_request.grammar
-        if grammar is None or not grammar.is_terminated():
-            return False
-        from mini.core.request import RequestStatus
-
-        request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = request.output_token_ids[-1]
-        return True
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -16,10 +16,14 @@ import functools
 import json
 import threading
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from mini.structured_output.dfa import DEAD, DFA, build_dfa
+from mini.roles import DEFAULT, Choices
+from mini.structured_output import dfa as dfa_steps
+from mini.structured_output import token_index as token_steps
+from mini.structured_output.dfa import DEAD, DFA
 from mini.structured_output.json_schema import any_json_regex, choice_to_regex, schema_to_regex
 from mini.structured_output.regex_nfa import NFA, build_nfa
 from mini.structured_output.regex_parser import parse_regex
@@ -76,12 +80,43 @@ class CompiledGrammar:
     index: TokenIndex
 
 
-class MiniBackend:
-    """Compiles specs for one tokenizer/vocabulary (vLLM: XgrammarBackend)."""
+class MiniGrammarCompiler:
+    """The compiler's algorithms: byte NFA -> DFA (subset construction over epsilon-closures), DFA state ->
+    allowed tokens -> packed mask row. vLLM's XgrammarBackend builds one `xgr.GrammarCompiler` for its
+    tokenizer (vllm/v1/structured_output/backend_xgrammar.py); the backend below builds one of these.
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None) -> None:
+    Home of the `structured_output` role's compiler parts (mini/roles.py): `epsilon_closure`,
+    `subset_construction`, `allowed_token_ids` and `pack_allowed`; an engine built with other parts uses a
+    subclass holding them (`choices.resolve`), chosen once when its backend is built.
+    """
+
+    epsilon_closure = staticmethod(dfa_steps.epsilon_closure)
+    subset_construction = staticmethod(dfa_steps.subset_construction)
+    allowed_token_ids = staticmethod(token_steps.allowed_token_ids)
+    pack_allowed = staticmethod(token_steps.pack_allowed)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+
+    def build_dfa(self, nfa: NFA) -> DFA:
+        """NFA -> trimmed, minimized DFA (dfa.py), by this compiler's subset construction."""
+        return dfa_steps.build_dfa(nfa, subset_construction=self.subset_construction)
+
+    def build_token_index(self, dfa: DFA, trie: TokenTrie, vocab_size: int, eos_token_id: int | None
+                          ) -> TokenIndex:
+        """The per-state token masks of `dfa`, found and packed by this compiler's parts."""
+        return TokenIndex(dfa, trie, vocab_size, eos_token_id, find_allowed=self.allowed_token_ids,
+                          pack=self.pack_allowed)
+
+
+class MiniBackend:
+    """Compiles specs for one tokenizer/vocabulary (vLLM: XgrammarBackend).
+
+    `choices`: what the engine chose when it was built (mini/roles.py); it picks the compiler's class.
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None, choices: Choices = DEFAULT) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.compiler = choices.resolve(MiniGrammarCompiler)()
         self._tokenizer = tokenizer
         self._trie: TokenTrie | None = None
         self._cache: dict[tuple[str, str], CompiledGrammar] = {}
@@ -101,8 +136,8 @@ class MiniBackend:
             cached = self._cache.get(key)
         if cached is not None:
             return cached
-        dfa = build_dfa(build_checked_nfa(kind, spec))
-        index = TokenIndex(dfa, self.trie, self.vocab_size, self.eos_token_id)
+        dfa = self.compiler.build_dfa(build_checked_nfa(kind, spec))
+        index = self.compiler.build_token_index(dfa, self.trie, self.vocab_size, self.eos_token_id)
         index.warm(WARM_STATES)
         compiled = CompiledGrammar(kind=kind, regex=spec_to_regex(kind, spec), dfa=dfa, index=index)
         with self._lock:

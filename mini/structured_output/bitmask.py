@@ -1,16 +1,24 @@
 """Apply a packed token bitmask to logits: disallowed tokens get -inf.
 
-Mirrors vllm/v1/structured_output/utils.py (`apply_grammar_bitmask`) and the op it calls,
-xgrammar's `apply_token_bitmask_inplace` (a CUDA/Triton kernel there; a torch op here, which runs on
-CPU and CUDA alike; on CUDA tensors the Triton kernel in triton_bitmask.py runs instead). Layout: `bitmask[i]` is `ceil(vocab / 32)` int32 words for logits row `indices[i]`;
-token t is allowed iff bit `t % 32` of word `t // 32` is 1. Rows not in `indices` are untouched.
+Mirrors vllm/v1/structured_output/utils.py (`apply_grammar_bitmask`, which the model runner calls on the
+logits before sampling) and the op it calls, xgrammar's `apply_token_bitmask_inplace` (a CUDA/Triton
+kernel there; a torch op here, which runs on CPU and CUDA alike; a `BitmaskApplier` on a CUDA device
+runs the Triton kernel of triton_bitmask.py instead). Layout: `bitmask[i]` is `ceil(vocab / 32)` int32
+words for logits row `indices[i]`; token t is allowed iff bit `t % 32` of word `t // 32` is 1. Rows not
+in `indices` are untouched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar
+
 import torch
 
-from mini.seams import seam
+from mini.attention import triton_utils
+
+if TYPE_CHECKING:
+    from mini.structured_output import GrammarOutput
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -22,20 +30,12 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits[:, :vocab_size]
 
 
-@seam("apply_token_bitmask_inplace")
 def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor,
                                 indices: torch.Tensor | None = None) -> torch.Tensor:
     """Set logits of disallowed tokens to -inf in the rows `indices` (all rows if None); returns logits."""
     if bitmask.dim() != 2 or bitmask.dtype != torch.int32:
         raise ValueError(f"bitmask must be int32 [num_rows, ceil(vocab/32)], got {bitmask.dtype} "
                          f"{tuple(bitmask.shape)}")
-    if logits.is_cuda:  # the same result from a Triton kernel, as vLLM/xgrammar on GPUs
-        from mini.attention.triton_utils import is_available
-
-        if is_available():
-            from mini.structured_output.triton_bitmask import apply_token_bitmask_inplace_triton
-
-            return apply_token_bitmask_inplace_triton(logits, bitmask, indices)
     allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[1])
     if indices is None:
         if allowed.shape[0] != logits.shape[0]:
@@ -46,3 +46,39 @@ def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor,
         return logits.masked_fill_(~allowed, float("-inf"))  # every row constrained: no gather/scatter
     logits[indices] = logits[indices].masked_fill(~allowed, float("-inf"))
     return logits
+
+
+def _triton_op() -> Callable[..., torch.Tensor]:
+    """The Triton kernel's launcher (imported here: importing it imports triton, an optional dependency)."""
+    from mini.structured_output.triton_bitmask import apply_token_bitmask_inplace_triton
+
+    return apply_token_bitmask_inplace_triton
+
+
+class BitmaskApplier:
+    """Masks the constrained rows of a step's logits with the grammar bitmask, before sampling.
+
+    vLLM's model runner calls `apply_grammar_bitmask` (vllm/v1/structured_output/utils.py) on the logits
+    and then samples; mini's runner builds one applier and calls it the same way. Home of the
+    `structured_output` role's `apply_token_bitmask_inplace` (mini/roles.py). On a CUDA device the default
+    op is the Triton kernel (triton_bitmask.py, as xgrammar's on GPUs), decided once here; a replaced op
+    always runs.
+    """
+
+    apply_token_bitmask_inplace = staticmethod(apply_token_bitmask_inplace)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.op: Callable[..., torch.Tensor] = self.apply_token_bitmask_inplace
+        if self.device.type == "cuda" and not self.replaced_parts and triton_utils.is_available():
+            self.op = _triton_op()
+
+    def __call__(self, logits: torch.Tensor, grammar_output: GrammarOutput,
+                 req_id_to_index: Mapping[str, int]) -> torch.Tensor:
+        """-inf for the disallowed tokens of each constrained request's row (`req_id_to_index`: the batch
+        row of each request, one logits row per request); returns `logits`, edited in place."""
+        rows = [req_id_to_index[req_id] for req_id in grammar_output.structured_output_request_ids]
+        bitmask = torch.from_numpy(grammar_output.grammar_bitmask).to(self.device)
+        indices = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        return self.op(logits, bitmask, indices)

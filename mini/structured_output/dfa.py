@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from mini.seams import seam
 from mini.structured_output.regex_nfa import NFA
 
 DEAD = -1
@@ -60,7 +59,6 @@ def byte_classes(nfa: NFA) -> list[int]:
     return class_of
 
 
-@seam("epsilon_closure")
 def epsilon_closure(nfa: NFA, states) -> frozenset[int]:
     """Every NFA state reachable from `states` by epsilon edges alone (`states` included)."""
     seen, stack = set(states), list(states)
@@ -72,12 +70,13 @@ def epsilon_closure(nfa: NFA, states) -> frozenset[int]:
     return frozenset(seen)
 
 
-@seam("subset_construction")
-def subset_construction(nfa: NFA, class_of: list[int]) -> tuple[list[list[int]], list[bool]]:
+def subset_construction(nfa: NFA, class_of: list[int], *, epsilon_closure=epsilon_closure
+                        ) -> tuple[list[list[int]], list[bool]]:
     """-> (transitions [state][class], accepting) with start state 0; DEAD for no move.
 
     DFA state 0 is the epsilon-closure of the NFA's start; new sets are numbered as they are found. A
-    DFA state is accepting when its set holds `nfa.accept`.
+    DFA state is accepting when its set holds `nfa.accept`. `epsilon_closure`: the closure to use (the
+    grammar compiler passes its own, mini/structured_output/backend_mini.py).
     """
     num_classes = max(class_of) + 1
     start = epsilon_closure(nfa, [nfa.start])
@@ -152,8 +151,8 @@ def minimize(table: list[list[int]], accepting: list[bool]) -> tuple[list[list[i
     return new_table, [accepting[representatives[i]] for i in range(len(order))]
 
 
-def build_dfa(nfa: NFA) -> DFA:
-    """NFA -> trimmed, minimized DFA with a dense [state][byte] table."""
+def build_dfa(nfa: NFA, *, subset_construction=subset_construction) -> DFA:
+    """NFA -> trimmed, minimized DFA with a dense [state][byte] table (`subset_construction`: step 2)."""
     class_of = byte_classes(nfa)
     table, accepting = subset_construction(nfa, class_of)
     table, accepting = trim(table, accepting)

@@ -12,11 +12,11 @@ Bitmask layout (vLLM's and xgrammar's): int32 words, token t is bit t % 32 of wo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from mini.seams import seam
 from mini.structured_output.dfa import DEAD, DFA
 
 
@@ -25,7 +25,6 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-@seam("pack_allowed")
 def pack_allowed(allowed_ids, vocab_size: int) -> np.ndarray:
     """Token ids -> one packed int32 row of `bitmask_words(vocab_size)` words."""
     bits = np.zeros(bitmask_words(vocab_size) * 32, dtype=bool)
@@ -112,34 +111,47 @@ class TokenTrie:
                    byte_strings=list(byte_strings))
 
 
-class TokenIndex:
-    """Allowed-token bitmask for each DFA state, computed on first use and cached."""
+def allowed_token_ids(index: TokenIndex, state: int) -> list[int]:
+    """Tokens whose whole byte string can be read from `state` of `index.dfa` without dying, walking
+    `index.trie` and the DFA together (+ `index.eos_token_id` if the state is accepting), sorted."""
+    transitions, children, trie_tokens = index.dfa.transitions, index.trie.children, index.trie.token_ids
+    allowed: list[int] = []
+    stack = [(0, state)]
+    while stack:
+        node, dfa_state = stack.pop()
+        row = transitions[dfa_state]
+        for byte, child in children[node]:
+            nxt = row[byte]
+            if nxt != DEAD:
+                allowed.extend(trie_tokens[child])
+                stack.append((child, nxt))
+    if index.dfa.accepting[state] and index.eos_token_id is not None:
+        allowed.append(index.eos_token_id)
+    return sorted(allowed)
 
-    def __init__(self, dfa: DFA, trie: TokenTrie, vocab_size: int, eos_token_id: int | None) -> None:
+
+class TokenIndex:
+    """Allowed-token bitmask for each DFA state, computed on first use and cached.
+
+    `find_allowed` and `pack`: how a state's allowed tokens are found and packed (the grammar compiler,
+    mini/structured_output/backend_mini.py, passes the ones its engine chose; the references by default).
+    """
+
+    def __init__(self, dfa: DFA, trie: TokenTrie, vocab_size: int, eos_token_id: int | None, *,
+                 find_allowed: Callable[[TokenIndex, int], list[int]] = allowed_token_ids,
+                 pack: Callable[[list[int], int], np.ndarray] = pack_allowed) -> None:
         self.dfa = dfa
         self.trie = trie
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self._find_allowed = find_allowed
+        self._pack = pack
         self._masks: dict[int, np.ndarray] = {}
         self._counts: dict[int, int] = {}
 
-    @seam("allowed_token_ids")
     def allowed_token_ids(self, state: int) -> list[int]:
         """Tokens whose whole byte string can be read from `state` without dying (+ EOS if accepting)."""
-        transitions, children, trie_tokens = self.dfa.transitions, self.trie.children, self.trie.token_ids
-        allowed: list[int] = []
-        stack = [(0, state)]
-        while stack:
-            node, dfa_state = stack.pop()
-            row = transitions[dfa_state]
-            for byte, child in children[node]:
-                nxt = row[byte]
-                if nxt != DEAD:
-                    allowed.extend(trie_tokens[child])
-                    stack.append((child, nxt))
-        if self.dfa.accepting[state] and self.eos_token_id is not None:
-            allowed.append(self.eos_token_id)
-        return sorted(allowed)
+        return self._find_allowed(self, state)
 
     def trie_bytes(self, token_id: int) -> bytes | None:
         """The bytes of `token_id` (None for special or unknown ids)."""
@@ -151,7 +163,7 @@ class TokenIndex:
         row = self._masks.get(state)
         if row is None:
             allowed = self.allowed_token_ids(state)
-            row = pack_allowed(allowed, self.vocab_size)
+            row = self._pack(allowed, self.vocab_size)
             self._masks[state] = row
             self._counts[state] = len(allowed)
         return row

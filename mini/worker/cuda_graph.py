@@ -28,11 +28,12 @@ A replay runs the SAME kernels on the SAME memory with the SAME shapes, so:
   max_model_len (an upper bound; the Triton decode path does not read it).
 
 Only the hidden states are captured; logits are computed eagerly on `hidden[logits_indices]`, as in vLLM.
-Everything else runs eager: prefill and mixed steps, speculative verification, steps while a seam is
-replaced (mini/seams.py: a recorded graph would not see the replacement), and everything on a CPU (as
-vLLM's CPU backend).
+Everything else runs eager: prefill and mixed steps, speculative verification, every step of an engine built
+with a part of its forward replaced (the `input_preparation`, `model` or `attention` roles of mini/roles.py: a
+recorded graph would not see the replacement; decided once, when the runner is built), and everything on a
+CPU (as vLLM's CPU backend).
 
-The graph itself is behind a small seam, `capture(fn) -> output` and `replay()`: `CudaGraph` wraps
+The graph itself is behind a small interface, `capture(fn) -> output` and `replay()`: `CudaGraph` wraps
 torch.cuda.CUDAGraph; `EagerReplayGraph` is a teaching and test stand-in that calls `fn` again on replay and
 copies the result into the output it returned at capture, so the static buffers and the padding run (and
 are tested) on a CPU with any attention backend. `graph_class(device)` picks one; tests patch it.
@@ -50,13 +51,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mini import seams
-from mini.attention.reference import AttentionMetadata
+from mini.attention.metadata import build_attention_metadata
 from mini.utils import cdiv
+from mini.worker.prepare_inputs import PreparedInputs
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
-    from mini.worker.prepare_inputs import PreparedInputs
 
 logger = logging.getLogger("mini.worker")
 
@@ -119,8 +119,11 @@ def graph_class(device: torch.device) -> type | None:
     return CudaGraph if device.type == "cuda" else None
 
 
-def disabled_reason(config: EngineConfig, attention_backend: str, graph_cls: type | None) -> str | None:
-    """Why decode must run eager in this engine, or None when graphs can be captured."""
+def disabled_reason(config: EngineConfig, attention_backend: str, graph_cls: type | None,
+                    replaced_forward_parts: Sequence[str] = ()) -> str | None:
+    """Why decode must run eager in this engine, or None when graphs can be captured.
+
+    `replaced_forward_parts`: the parts of the forward this engine replaces (chosen when it was built)."""
     if config.enforce_eager:
         return "enforce_eager=True"
     if graph_cls is None:
@@ -128,19 +131,21 @@ def disabled_reason(config: EngineConfig, attention_backend: str, graph_cls: typ
     if not graph_cls.replays_host_code and attention_backend not in CAPTURABLE_ATTENTION_BACKENDS:
         return (f"attention_backend {attention_backend!r} syncs with the host (.tolist(), int(t.max())) and cannot "
                 f"be captured; graphs need one of {CAPTURABLE_ATTENTION_BACKENDS}")
-    if seams.any_overridden():
-        return "a seam is replaced at start-up (mini/seams.py); a captured graph would not see the replacement"
+    if replaced_forward_parts:
+        return (f"the engine replaces part(s) of its forward {list(replaced_forward_parts)} (mini/roles.py); "
+                "a captured graph would not see the replacement")
     if config.max_model_len is None:
         return "max_model_len is not resolved (the engine resolves it before building the runner)"
     return None
 
 
 def build_cuda_graph_runner(config: EngineConfig, model: torch.nn.Module, kv_caches: list[torch.Tensor],
-                            attention_backend: str) -> CudaGraphRunner | None:
+                            attention_backend: str, replaced_forward_parts: Sequence[str] = ()
+                            ) -> CudaGraphRunner | None:
     """Capture the decode graphs now (start-up, vLLM's `compile_or_warm_up_model`), or log why not and return None."""
     device = torch.device(config.device)
     graph_cls = graph_class(device)
-    reason = disabled_reason(config, attention_backend, graph_cls)
+    reason = disabled_reason(config, attention_backend, graph_cls, replaced_forward_parts)
     if reason is not None:
         logger.info("CUDA graphs off, decode runs eager: %s", reason)
         return None
@@ -171,6 +176,7 @@ class CudaGraphRunner:
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
         self.query_start_loc = torch.zeros(size + 1, dtype=torch.int32, device=device)
         self.block_table = torch.zeros((size, cdiv(max_model_len, block_size)), dtype=torch.int32, device=device)
+        self.logits_indices = torch.arange(size, dtype=torch.int64, device=device)  # decode: row i is request i
         self.graphs: dict[int, Any] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # hidden states [size, H], rewritten by each replay
         self.num_replays = 0
@@ -205,17 +211,20 @@ class CudaGraphRunner:
 
     def _forward(self, size: int) -> torch.Tensor:
         """The captured function: the model over the first `size` rows of the static buffers -> hidden [size, H]."""
-        metadata = AttentionMetadata(
-            num_actual_tokens=size, query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
-            block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:size],
-            max_query_len=1, max_seq_len=self.max_model_len,  # frozen at capture: true of every decode replay
+        inputs = PreparedInputs(
+            input_ids=self.input_ids[:size], positions=self.positions[:size],
+            query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
+            slot_mapping=self.slot_mapping[:size], block_table=self.block_table[:size],
+            logits_indices=self.logits_indices[:size],
         )
-        return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, metadata)
+        # The maxima are frozen at capture: true of every decode replay (max_seq_len is an upper bound).
+        metadata = build_attention_metadata(inputs, max_query_len=1, max_seq_len=self.max_model_len)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
 
     # ------------------------------------------------------------------ every step
     def can_run(self, num_reqs: int, num_tokens: int) -> bool:
-        """Decode-only (one new token per request, so num_tokens == num_reqs), small enough, no seam replaced."""
-        return num_tokens == num_reqs and 0 < num_reqs <= self.max_size and not seams.any_overridden()
+        """Decode-only (one new token per request, so num_tokens == num_reqs) and small enough."""
+        return num_tokens == num_reqs and 0 < num_reqs <= self.max_size
 
     def padded_size(self, num_reqs: int) -> int:
         """The smallest captured size >= num_reqs."""

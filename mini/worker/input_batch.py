@@ -17,14 +17,14 @@ Example: rows [A, B, C, D]; A and C finish, E arrives -> remove 0, remove 2, add
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from mini.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 from mini.sample.logits_processor.state import BatchUpdateBuilder
-from mini.seams import seam
 from mini.worker.block_table import BlockTable
 
 if TYPE_CHECKING:
@@ -63,7 +63,13 @@ class CachedRequestState:
 
 
 class InputBatch:
-    """Rows of requests; holes appear on remove and disappear on `condense()`."""
+    """Rows of requests; holes appear on remove and disappear on `condense()`.
+
+    Home of the `input_preparation` role's part `condense` (mini/roles.py): the model runner builds its
+    batch with `choices.resolve(InputBatch)`.
+    """
+
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, max_num_reqs: int, batch_update_builder: BatchUpdateBuilder | None = None) -> None:
         if not isinstance(max_num_reqs, int) or max_num_reqs < 1:
@@ -75,8 +81,9 @@ class InputBatch:
         self.batch_update_builder = batch_update_builder or BatchUpdateBuilder()
         # Row i's block ids, kept up to date by the model runner (`sync_row`) before each forward.
         self.block_table = BlockTable(max_num_reqs)
-        # What the last `get_batch_update()` handed to the logits processors (views replay it).
-        self.last_batch_update: BatchUpdate | None = None
+        # Told each BatchUpdate `get_batch_update()` hands out (the runner sets it while a step observer
+        # traces the step: mini/metrics/step_trace.py); None: nobody listens.
+        self.batch_update_listener: Callable[[BatchUpdate | None], None] | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -118,7 +125,6 @@ class InputBatch:
         self.batch_update_builder.removed_append(row)
         return row
 
-    @seam("condense")
     def condense(self) -> None:
         """Fill holes from the end: the highest occupied row moves into the lowest hole, repeatedly."""
         while True:
@@ -138,8 +144,10 @@ class InputBatch:
 
     def get_batch_update(self) -> BatchUpdate | None:
         """This step's changes for the logits processors (None if none), then start recording afresh."""
-        self.last_batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
-        return self.last_batch_update
+        batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
+        if self.batch_update_listener is not None:
+            self.batch_update_listener(batch_update)
+        return batch_update
 
     def occupied_requests(self) -> list[CachedRequestState]:
         """The states of rows 0..num_reqs-1 (call after `condense()`)."""

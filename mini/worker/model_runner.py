@@ -18,43 +18,84 @@ Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_
      append the token to the runner's own copy of the request, ready to be fed next step.
 
 With speculative decoding (mini/spec_decode/), a request scheduled with drafts feeds them after its last
-token; step 4 then scores every draft position and the rejection sampler decides how many to keep
-(spec_decode.py), and after the step the drafter proposes the next drafts (`ModelRunnerOutput.spec_token_ids`).
+token; step 4 then samples every row once and verifies the drafts against the logits at their positions
+(`_sample`, mini/sample/rejection_sampler.py), and after the step the drafter proposes the next drafts
+(`ModelRunnerOutput.spec_token_ids`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 import mini.worker.prepare_inputs as batch_inputs
-from mini import seams
-from mini.attention.reference import AttentionMetadata
+from mini.attention import attention_backend_class
+from mini.attention.metadata import AttentionMetadata, build_attention_metadata
 from mini.compilation import compile_model
+from mini.roles import DEFAULT, Choices
+from mini.runner_outputs import ModelRunnerOutput
 from mini.sample.logits_processor import build_logitsprocs
-from mini.sample.logprobs import compute_logprobs, gather_logprobs, logprobs_to_dicts
+from mini.sample.logprobs import compute_logprobs, logprobs_to_dicts
 from mini.sample.metadata import SamplingMetadata
-from mini.sample.sampler import Sampler
-from mini.seams import seam
+from mini.sample.rejection_sampler import RejectionSampler, RejectionSamplerOutput
+from mini.sample.sampler import Sampler, SamplerOutput
+from mini.spec_decode.metadata import SpecDecodeMetadata
 from mini.spec_decode.proposer import build_drafter
+from mini.structured_output.bitmask import BitmaskApplier
 from mini.worker import cuda_graph
 from mini.worker.input_batch import CachedRequestState, InputBatch
-from mini.worker.model_runner_output import ModelRunnerOutput
-from mini.worker.spec_decode import SpecDecodeMetadata, verify_drafts
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
     from mini.core.sched.output import SchedulerOutput
+    from mini.metrics.step_trace import StepTrace
     from mini.model.llama import LlamaForCausalLM
     from mini.sampling_params import SamplingParams
     from mini.structured_output import GrammarOutput
 
 
-class ModelRunner:
-    """Owns the KV cache tensors, the runner-side request states and the persistent batch."""
+# ---------------------------------------------------------------------- pure step function (phase 04)
+def run_model(
+    model: torch.nn.Module, kv_caches: list[torch.Tensor], inputs: batch_inputs.PreparedInputs,
+    metadata: AttentionMetadata,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over the flat batch -> (hidden `[T, H]`, float32 logits `[B, V]`).
 
-    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, hf_config: Any, num_blocks: int) -> None:
+    The forward writes every new token's K/V into `kv_caches`; only the rows at `logits_indices`
+    (each request's last scheduled token) go through the LM head.
+    """
+    hidden = model(inputs.input_ids, inputs.positions, kv_caches, metadata)
+    return hidden, model.compute_logits(hidden[inputs.logits_indices])
+
+
+# The parts of the `input_preparation` role that build the flat inputs: with one replaced, the runner runs the
+# reference composition (`prepare_inputs` from the per-request lists) instead of its persistent block table.
+INPUT_PARTS = frozenset({"prepare_inputs", "compute_query_start_loc", "compute_positions", "compute_slot_mapping",
+                         "compute_logits_indices"})
+# Roles whose parts run inside the forward a CUDA graph records: with one replaced, decode runs eager.
+FORWARD_ROLES = ("input_preparation", "model", "attention")
+
+
+class ModelRunner:
+    """Owns the KV cache tensors, the runner-side request states and the persistent batch.
+
+    Home of the `input_preparation` role (mini/roles.py): its parts are the class attributes below, called
+    through `self`. An engine built with some of them replaced builds a subclass holding them
+    (`choices.resolve(ModelRunner)`); `__init__` reads `replaced_parts` once to pick the input path.
+    """
+
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+    prepare_inputs = staticmethod(batch_inputs.prepare_inputs)
+    compute_query_start_loc = staticmethod(batch_inputs.compute_query_start_loc)
+    compute_positions = staticmethod(batch_inputs.compute_positions)
+    compute_slot_mapping = staticmethod(batch_inputs.compute_slot_mapping)
+    compute_logits_indices = staticmethod(batch_inputs.compute_logits_indices)
+    build_attention_metadata = staticmethod(build_attention_metadata)
+    run_model = staticmethod(run_model)
+
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, hf_config: Any, num_blocks: int,
+                 choices: Choices = DEFAULT) -> None:
         self.config = config
         self.model = model
         self.hf_config = hf_config
@@ -63,9 +104,12 @@ class ModelRunner:
         self.block_size = int(config.block_size)
         self.num_blocks = int(num_blocks)
         self.vocab_size = int(model.config.vocab_size)
+        # The attention backend, chosen once (mini/attention/): every layer holds the instance. A model loaded
+        # with the same choices already has it; otherwise (another backend name, a model built apart) build it.
         self.attention_backend = config.resolved_attention_backend()
-        if model.attention_backend != self.attention_backend:
-            model.set_attention_backend(self.attention_backend)
+        backend_class = attention_backend_class(self.attention_backend, choices)
+        if type(model.attention_backend) is not backend_class:
+            model.set_attention_backend(backend_class())
         compile_model(model, config.compilation_mode)   # torch.compile (mini/compilation.py); mode 0: untouched
 
         shape = model.kv_cache_shape(self.num_blocks, self.block_size)
@@ -73,12 +117,17 @@ class ModelRunner:
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(model.config.num_hidden_layers)
         ]
         self.requests: dict[str, CachedRequestState] = {}
-        self.input_batch = InputBatch(max_num_reqs=int(config.max_num_seqs))
+        self.input_batch = choices.resolve(InputBatch)(max_num_reqs=int(config.max_num_seqs))
+        # Fast path (persistent block table, flat gathers) unless a part of the input composition is replaced.
+        self.uses_reference_inputs = bool(self.replaced_parts & INPUT_PARTS)
         self.logitsprocs = build_logitsprocs(
             config.logits_processors, self.vocab_size, self.device,
-            engine_config=config, max_num_reqs=int(config.max_num_seqs),
+            engine_config=config, max_num_reqs=int(config.max_num_seqs), choices=choices,
         )
-        self.sampler = Sampler()
+        # The sampler role (mini/roles.py): the fused sampler unless a part is replaced (decided in its __init__).
+        self.sampler = choices.resolve(Sampler)()
+        self.rejection_sampler = choices.resolve(RejectionSampler)(self.sampler)   # speculative decoding
+        self.bitmask_applier = choices.resolve(BitmaskApplier)(self.device)  # structured output
         # The last step's SamplingMetadata and the request states it was built for: reused while the batch is
         # unchanged (vLLM's InputBatch keeps its sampling tensors persistent and refreshes them only when a
         # BatchUpdate changed the rows). Output token lists are held by reference, so they stay current.
@@ -86,17 +135,14 @@ class ModelRunner:
         # Speculative decoding: proposes each request's next drafts after every step (None: off).
         self.drafter = None
         if config.speculative_config is not None:
-            self.drafter = build_drafter(config, model, self.num_blocks)
-        # The last step's flat batch (views and benchmarks read it); its AttentionMetadata is a view of the
-        # same tensors, rebuilt by `build_attention_metadata` where needed rather than stored twice.
-        self.last_inputs: batch_inputs.PreparedInputs | None = None
+            self.drafter = build_drafter(config, model, self.num_blocks, choices)
         # Start-up, after the KV caches exist (vLLM's `compile_or_warm_up_model`): capture the decode CUDA
         # graphs (cuda_graph.py); None when decode runs eager (CPU, enforce_eager, a non-capturable backend).
+        forward_parts = sorted(part for role in FORWARD_ROLES for part in choices.replaced(role))
         self.cuda_graph_runner = cuda_graph.build_cuda_graph_runner(config, model, self.kv_caches,
-                                                                    self.attention_backend)
+                                                                    self.attention_backend, forward_parts)
 
     # ------------------------------------------------------------------ 1. request state
-    @seam("update_states")
     def update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Bring `self.requests` and the persistent batch in line with the scheduler's decisions."""
         for req_id in scheduler_output.finished_req_ids:
@@ -146,20 +192,21 @@ class ModelRunner:
         return generator
 
     # ------------------------------------------------------------------ 2. inputs
-    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata]:
-        """Flat tensors for the rows of the batch, in row order, on the device.
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput
+                        ) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata]:
+        """Flat tensors for the rows of the batch, in row order, on the device (vLLM: `_prepare_inputs`).
 
         The block table is the persistent one (block_table.py): only new block ids are written each step.
-        While phase 02's `prepare_inputs` seam has a replacement installed, that function builds
-        everything from the per-request lists instead (the teaching path; tests hold the two equal).
+        A runner built with a part of the input composition replaced (`uses_reference_inputs`) runs
+        `self.prepare_inputs` on the per-request lists instead (phase 02's path; tests hold the two equal).
         """
         states = self.input_batch.occupied_requests()
         scheduled = [scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
         computed = [state.num_computed_tokens for state in states]
-        if seams.is_overridden("prepare_inputs"):
-            inputs = batch_inputs.prepare_inputs([state.all_token_ids + state.spec_token_ids for state in states],
-                                                 computed, scheduled,
-                                                 [state.block_ids for state in states], self.block_size)
+        if self.uses_reference_inputs:
+            inputs = self.prepare_inputs([state.all_token_ids + state.spec_token_ids for state in states],
+                                         computed, scheduled, [state.block_ids for state in states],
+                                         self.block_size)
         else:
             block_table = self.input_batch.block_table
             for row, state in enumerate(states):
@@ -169,12 +216,14 @@ class ModelRunner:
             inputs = batch_inputs.assemble_inputs(input_ids, computed, scheduled, block_table.get(len(states)),
                                                   self.block_size)
         inputs = inputs.to(self.device)
-        return inputs, build_attention_metadata(inputs)
+        return inputs, self.build_attention_metadata(inputs)
 
     # ------------------------------------------------------------------ 3-5. the step
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None
-                      ) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None,
+                      trace: StepTrace | None = None) -> ModelRunnerOutput:
+        # A step observer's trace (mini/metrics/step_trace.py) gets this step's BatchUpdate and flat inputs.
+        self.input_batch.batch_update_listener = None if trace is None else trace.record_batch_update
         self.update_states(scheduler_output)
         states = self.input_batch.occupied_requests()
         if self.drafter is not None:  # speculative decoding: this step's drafts (none ever without a drafter)
@@ -182,25 +231,22 @@ class ModelRunner:
                 state.spec_token_ids = list(scheduler_output.scheduled_spec_decode_tokens.get(state.req_id, ()))
         if not states or scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
-        inputs, metadata = self.prepare_inputs(scheduler_output)
-        self.last_inputs = inputs
+        inputs, metadata = self._prepare_inputs(scheduler_output)
+        if trace is not None:
+            trace.inputs = inputs
         hidden, logits = self._forward(inputs, metadata)
 
         seq_lens = inputs.seq_lens.tolist()
-        # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards.
+        # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards (as vLLM
+        # rewinds the generators of the requests whose sample it discards).
         is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens)]
-        # Speculative decoding: rows with drafts are sampled by verification below, not here.
-        spec = SpecDecodeMetadata.build(states, inputs.query_start_loc)
-        spec_rows = set() if spec is None else set(spec.rows)
         saved = {row: states[row].generator.get_state() for row in range(len(states))
-                 if (is_partial[row] or row in spec_rows) and states[row].generator is not None}
-        sampling_metadata = self._sampling_metadata(states)
-        sampler_output = self.sampler(logits, sampling_metadata,
-                                      grammar_bitmask=self._grammar_bitmask(grammar_output))  # structured output
+                 if is_partial[row] and states[row].generator is not None}
+        if grammar_output is not None:  # structured output: mask the logits first (raw logprobs included)
+            self.bitmask_applier(logits, grammar_output, self.input_batch.req_id_to_index)
+        sampler_output, verified = self._sample(states, logits, hidden, inputs)
         for row, generator_state in saved.items():
             states[row].generator.set_state(generator_state)
-        verified = None if spec is None else verify_drafts(
-            self.model, self.sampler, hidden, logits, spec, states, sampling_metadata)
 
         prompt_logprobs = self._prompt_logprobs(states, hidden, inputs)  # before outputs grow
         sampled = sampler_output.sampled_token_ids.tolist()
@@ -208,7 +254,7 @@ class ModelRunner:
         for row, state in enumerate(states):
             if is_partial[row]:
                 new_token_ids = []
-            elif row in spec_rows:
+            elif verified is not None and row in verified.token_ids:   # accepted drafts + one
                 new_token_ids = verified.token_ids[row]
             else:
                 new_token_ids = [int(sampled[row])]
@@ -233,21 +279,27 @@ class ModelRunner:
 
     def _forward(self, inputs: batch_inputs.PreparedInputs, metadata: AttentionMetadata
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode-only step replays a captured graph (hidden states; logits eagerly after, as vLLM) while no
-        seam is replaced; every other step runs `run_model` eagerly."""
+        """A decode-only step replays a captured graph (hidden states; logits eagerly after, as vLLM) when graphs
+        were captured at start-up; every other step runs `run_model` eagerly."""
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(inputs.seq_lens.shape[0], inputs.input_ids.shape[0]):
             hidden = graphs.run(inputs)
             return hidden, self.model.compute_logits(hidden[inputs.logits_indices])
-        return run_model(self.model, self.kv_caches, inputs, metadata)
+        return self.run_model(self.model, self.kv_caches, inputs, metadata)
 
-    def _grammar_bitmask(self, grammar_output: GrammarOutput | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Structured output: (int32 bitmask [n, ceil(V/32)], batch rows [n]) or None."""
-        if grammar_output is None:
-            return None
-        rows = [self.input_batch.req_id_to_index[req_id] for req_id in grammar_output.structured_output_request_ids]
-        return (torch.from_numpy(grammar_output.grammar_bitmask).to(self.device),
-                torch.tensor(rows, dtype=torch.int64, device=self.device))
+    def _sample(self, states: list[CachedRequestState], logits: torch.Tensor, hidden: torch.Tensor,
+                inputs: batch_inputs.PreparedInputs) -> tuple[SamplerOutput, RejectionSamplerOutput | None]:
+        """Every row sampled once (vLLM: `_sample`). Without drafts, the sampler alone; with drafts, the
+        rejection sampler: it runs the sampler over every row (a row with drafts gets its bonus token there)
+        and verifies the drafts against the target's logits at their positions."""
+        sampling_metadata = self._sampling_metadata(states)
+        spec = SpecDecodeMetadata.build([state.spec_token_ids for state in states], inputs.query_start_loc)
+        if spec is None:
+            return self.sampler(logits, sampling_metadata), None
+        draft_rows = torch.as_tensor(spec.target_logits_indices, device=hidden.device)
+        verified = self.rejection_sampler(spec, None, logits, self.model.compute_logits(hidden[draft_rows]),
+                                          sampling_metadata)
+        return verified.sampler_output, verified
 
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
         cached = self._sampling_metadata_cache
@@ -296,25 +348,19 @@ class ModelRunner:
                 logprobs = compute_logprobs(self.model.compute_logits(hidden[starts[row]: starts[row] + count]))
                 targets = torch.as_tensor(state.prompt_token_ids[first + 1: first + 1 + count], device=self.device)
                 num = self.vocab_size if wanted == -1 else int(wanted)
-                tensors = gather_logprobs(logprobs, num, targets)
+                tensors = self.sampler.gather_logprobs(logprobs, num, targets)
                 entries.extend(logprobs_to_dicts(tensors, [num] * count))
             result[state.req_id] = entries
         return result
 
     # ------------------------------------------------------------------ benchmarking helpers
-    def snapshot_forward_inputs(self) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata] | None:
-        """The last step's forward inputs, kept so `replay_forward` can time the model alone."""
-        if self.last_inputs is None:
-            return None
-        return self.last_inputs, build_attention_metadata(self.last_inputs)
-
     @torch.inference_mode()
-    def replay_forward(self, snapshot: tuple[batch_inputs.PreparedInputs, AttentionMetadata] | None
-                       ) -> torch.Tensor | None:
-        """Forward + logits of a recorded step (writes the same K/V slots again; no sampling)."""
-        if snapshot is None:
+    def replay_forward(self, inputs: batch_inputs.PreparedInputs | None) -> torch.Tensor | None:
+        """Forward + logits of a recorded step's inputs (a step observer's `trace.inputs`): writes the same
+        K/V slots again; no sampling. Times the model alone."""
+        if inputs is None:
             return None
-        inputs, metadata = snapshot
+        metadata = self.build_attention_metadata(inputs)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
@@ -325,33 +371,3 @@ def _fed_tokens(state: CachedRequestState, start: int, count: int) -> list[int]:
     if len(tokens) < count:
         tokens = tokens + state.spec_token_ids[: count - len(tokens)]
     return tokens
-
-
-# ---------------------------------------------------------------------- pure step functions (phase 04)
-@seam("build_attention_metadata")
-def build_attention_metadata(inputs: batch_inputs.PreparedInputs) -> AttentionMetadata:
-    """The attention layers' view of the step's flat tensors (same tensors, plus two maxima)."""
-    query_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
-    return AttentionMetadata(
-        num_actual_tokens=int(inputs.input_ids.shape[0]),
-        query_start_loc=inputs.query_start_loc,
-        seq_lens=inputs.seq_lens,
-        block_table=inputs.block_table,
-        slot_mapping=inputs.slot_mapping,
-        max_query_len=int(query_lens.max()),
-        max_seq_len=int(inputs.seq_lens.max()),
-    )
-
-
-@seam("run_model")
-def run_model(
-    model: torch.nn.Module, kv_caches: list[torch.Tensor], inputs: batch_inputs.PreparedInputs,
-    metadata: AttentionMetadata,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass over the flat batch -> (hidden `[T, H]`, float32 logits `[B, V]`).
-
-    The forward writes every new token's K/V into `kv_caches`; only the rows at `logits_indices`
-    (each request's last scheduled token) go through the LM head.
-    """
-    hidden = model(inputs.input_ids, inputs.positions, kv_caches, metadata)
-    return hidden, model.compute_logits(hidden[inputs.logits_indices])

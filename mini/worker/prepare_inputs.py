@@ -10,6 +10,10 @@ request indices, offsets and input ids on the CPU with NumPy, and computes posit
 slot mapping on the GPU (the slot mapping with a Triton kernel, `ComputeSlotMappingKernel`, which also pads
 the rest of its buffer with -1 for CUDA graphs). Same values.
 
+These functions are parts of the `input_preparation` role (mini/roles.py), held by `ModelRunner`.
+`prepare_inputs` and `assemble_inputs` take the four helpers they call as keyword arguments (the reference
+ones by default), so a runner built with a replaced helper runs it inside the reference composition.
+
 Worked example (block_size=4; three prompts; blocks [1,2], [3,4], [5]):
 
     token ids         [1,2,3,4,5]  [1,6,5,7,8,9,10]  [1,12,13]
@@ -22,12 +26,10 @@ Worked example (block_size=4; three prompts; blocks [1,2], [3,4], [5]):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import torch
-
-from mini.seams import seam
 
 
 @dataclass(slots=True)
@@ -58,7 +60,6 @@ class PreparedInputs:
         return PreparedInputs(*(getattr(self, name).to(device) for name in self.keys()))
 
 
-@seam("compute_query_start_loc")
 def compute_query_start_loc(num_scheduled_tokens: Sequence[int]) -> torch.Tensor:
     """int32 `[B + 1]`: 0, then the running total of scheduled tokens (a prefix sum)."""
     counts = torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int32)
@@ -71,7 +72,6 @@ def compute_req_indices(num_scheduled_tokens: Sequence[int]) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(scheduled)), scheduled)
 
 
-@seam("compute_positions")
 def compute_positions(num_computed_tokens: Sequence[int], num_scheduled_tokens: Sequence[int]) -> torch.Tensor:
     """int64 `[T]`: request i contributes positions `num_computed[i] .. num_computed[i] + num_scheduled[i] - 1`."""
     computed = torch.as_tensor(list(num_computed_tokens), dtype=torch.int64)
@@ -82,7 +82,6 @@ def compute_positions(num_computed_tokens: Sequence[int], num_scheduled_tokens: 
     return computed[req_indices] + offset_in_request
 
 
-@seam("compute_slot_mapping")
 def compute_slot_mapping(
     block_table: torch.Tensor, req_indices: torch.Tensor, positions: torch.Tensor, block_size: int
 ) -> torch.Tensor:
@@ -95,7 +94,6 @@ def compute_slot_mapping(
     return block_numbers * block_size + positions.long() % block_size
 
 
-@seam("compute_logits_indices")
 def compute_logits_indices(query_start_loc: torch.Tensor) -> torch.Tensor:
     """int64 `[B]`: the flat row of each request's LAST scheduled token, `query_start_loc[1:] - 1`.
 
@@ -112,13 +110,17 @@ def make_block_table(block_ids: Sequence[Sequence[int]]) -> torch.Tensor:
     return torch.tensor(padded, dtype=torch.int32).view(len(block_ids), width)
 
 
-@seam("prepare_inputs")
 def prepare_inputs(
     token_ids: Sequence[Sequence[int]],
     num_computed_tokens: Sequence[int],
     num_scheduled_tokens: Sequence[int],
     block_ids: Sequence[Sequence[int]],
     block_size: int,
+    *,
+    compute_query_start_loc: Callable[..., torch.Tensor] = compute_query_start_loc,
+    compute_positions: Callable[..., torch.Tensor] = compute_positions,
+    compute_slot_mapping: Callable[..., torch.Tensor] = compute_slot_mapping,
+    compute_logits_indices: Callable[..., torch.Tensor] = compute_logits_indices,
 ) -> PreparedInputs:
     """Per request (one entry per batch row): all its token ids so far, how many are already in the KV
     cache, how many to compute now, and its block ids -> the step's flat tensors."""
@@ -129,11 +131,18 @@ def prepare_inputs(
         for token in tokens[start : start + count]
     ]
     return assemble_inputs(input_ids, num_computed_tokens, num_scheduled_tokens, make_block_table(block_ids),
-                           block_size)
+                           block_size, compute_query_start_loc=compute_query_start_loc,
+                           compute_positions=compute_positions, compute_slot_mapping=compute_slot_mapping,
+                           compute_logits_indices=compute_logits_indices)
 
 
 def assemble_inputs(input_ids: Sequence[int], num_computed_tokens: Sequence[int],
-                    num_scheduled_tokens: Sequence[int], block_table: torch.Tensor, block_size: int
+                    num_scheduled_tokens: Sequence[int], block_table: torch.Tensor, block_size: int,
+                    *,
+                    compute_query_start_loc: Callable[..., torch.Tensor] = compute_query_start_loc,
+                    compute_positions: Callable[..., torch.Tensor] = compute_positions,
+                    compute_slot_mapping: Callable[..., torch.Tensor] = compute_slot_mapping,
+                    compute_logits_indices: Callable[..., torch.Tensor] = compute_logits_indices,
                     ) -> PreparedInputs:
     """The flat tensors from the flat token ids, per-request counts and a ready `[B, max_blocks]` block table
     (built from lists by `prepare_inputs`; the model runner passes its persistent one)."""

@@ -28,8 +28,7 @@ KV slots hold wrong keys and values, and are simply overwritten later. No block 
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
@@ -41,13 +40,13 @@ from mini.core.sched.output import (
     SchedulerOutput,
 )
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
-from mini.metrics.stats import SchedulerStats, SpecDecodingStats
-from mini.seams import seam
-from mini.structured_output import StructuredOutputManager
+from mini.metrics.stats import SpecDecodingStats
+from mini.roles import DEFAULT, Choices
+from mini.structured_output.request import GrammarVerdict
 
 if TYPE_CHECKING:
     from mini.config import EngineConfig
-    from mini.worker.model_runner_output import ModelRunnerOutput
+    from mini.runner_outputs import ModelRunnerOutput
 
 
 # Every step that completes a request's known tokens samples one more (vLLM: `num_sampled_tokens_per_step`,
@@ -55,7 +54,6 @@ if TYPE_CHECKING:
 NUM_SAMPLED_TOKENS_PER_STEP = 1
 
 
-@seam("num_tokens_to_schedule")
 def num_tokens_to_schedule(num_tokens: int, num_computed_tokens: int, token_budget: int,
                            long_prefill_token_threshold: int, max_model_len: int) -> int:
     """How many of a request's uncomputed tokens it gets this step (0 if none fit).
@@ -74,7 +72,6 @@ def num_tokens_to_schedule(num_tokens: int, num_computed_tokens: int, token_budg
     return max(0, min(num_new_tokens, max_model_len - num_computed_tokens - NUM_SAMPLED_TOKENS_PER_STEP))
 
 
-@seam("select_preemption_victim")
 def select_preemption_victim(running: list[Request], policy: SchedulingPolicy) -> Request:
     """The running request to preempt when the KV pool is full.
 
@@ -87,7 +84,6 @@ def select_preemption_victim(running: list[Request], policy: SchedulingPolicy) -
     return running[-1]
 
 
-@seam("rollback_spec_tokens")
 def rollback_spec_tokens(num_computed_tokens: int, num_scheduled_spec_tokens: int,
                          num_generated_tokens: int) -> tuple[int, int]:
     """After a verification step: (num_computed_tokens without the rejected drafts, drafts accepted).
@@ -102,10 +98,35 @@ def rollback_spec_tokens(num_computed_tokens: int, num_scheduled_spec_tokens: in
     return num_computed_tokens - num_rejected, num_generated_tokens - 1
 
 
-class Scheduler:
-    """Decides, every step, which requests run and how many tokens each one computes."""
+def _grammar_verdict(request: Request, token_id: int) -> GrammarVerdict:
+    """What the request's grammar says of one sampled token (ACCEPTED when the request has none)."""
+    so_request = request.structured_output_request
+    return GrammarVerdict.ACCEPTED if so_request is None else so_request.accept_token(token_id)
 
-    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager) -> None:
+
+def _sampled_logprobs(runner_output: ModelRunnerOutput, req_index: int, num_tokens: int) -> list | None:
+    """The logprobs of the request's first `num_tokens` sampled tokens (None when none were asked for)."""
+    logprobs = runner_output.logprobs
+    if logprobs is None or logprobs[req_index] is None or not num_tokens:
+        return None
+    return list(logprobs[req_index])[:num_tokens]
+
+
+class Scheduler:
+    """Decides, every step, which requests run and how many tokens each one computes.
+
+    Home of the `scheduler` role (mini/roles.py): `schedule` and the four decisions it and
+    `update_from_output` call through `self.` (`num_tokens_to_schedule`, `select_preemption_victim`,
+    `rollback_spec_tokens`, `check_stop`); an engine built with other parts uses a subclass holding them.
+    """
+
+    num_tokens_to_schedule = staticmethod(num_tokens_to_schedule)
+    select_preemption_victim = staticmethod(select_preemption_victim)
+    rollback_spec_tokens = staticmethod(rollback_spec_tokens)
+    check_stop = staticmethod(sched_utils.check_stop)
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager, choices: Choices = DEFAULT) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.max_num_running_reqs = config.max_num_seqs
@@ -113,8 +134,7 @@ class Scheduler:
         self.max_model_len = config.max_model_len if config.max_model_len is not None else 1 << 62
         # The most tokens one request can ever hold: the whole pool (minus the null block). A
         # request that would outgrow it is finished with "length" instead of waiting forever.
-        pool_tokens = (kv_cache_manager.block_pool.num_gpu_blocks - 1) * kv_cache_manager.block_size
-        self.max_request_len = min(self.max_model_len, pool_tokens)
+        self.max_request_len = min(self.max_model_len, kv_cache_manager.num_usable_tokens)
         self.enable_chunked_prefill = config.enable_chunked_prefill
         # A cap on one request's tokens per step; it only means something with chunked prefill.
         threshold = config.long_prefill_token_threshold or 0
@@ -126,8 +146,9 @@ class Scheduler:
         self.running: list[Request] = []
         # Finished / aborted / preempted since the last schedule(): told to the runner next step.
         self.finished_req_ids: set[str] = set()
-        # Structured output: waiting requests whose grammar still compiles, out of the queue during schedule().
-        self._set_aside: list[Request] = []
+        # Structured output: requests whose grammar still compiles wait here, outside the queue `schedule`
+        # reads, until `promote_ready_grammars` (after every step) moves them to its front.
+        self.waiting_for_grammar: list[Request] = []
         self.step_index = 0
         self.num_preemptions_total = 0
         # Speculative decoding: k drafts per request and step; a drafter with its own KV cache writes the
@@ -149,9 +170,13 @@ class Scheduler:
             raise ValueError(
                 f"prompt_token_ids has {request.num_tokens} tokens; at most {self.max_request_len - 1} fit, "
                 f"leaving one position for a sampled token (max_model_len={self.max_model_len}, KV pool "
-                f"capacity "
-                f"{(self.kv_cache_manager.block_pool.num_gpu_blocks - 1) * self.kv_cache_manager.block_size})")
+                f"capacity {self.kv_cache_manager.num_usable_tokens})")
         self.requests[request.request_id] = request
+        if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            if not request.structured_output_request.is_grammar_ready():
+                self.waiting_for_grammar.append(request)
+                return
+            request.status = RequestStatus.WAITING
         self.waiting.add_request(request)
 
     def finish_requests(self, request_ids: str | list[str], finished_status: RequestStatus) -> None:
@@ -165,6 +190,8 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+            elif request in self.waiting_for_grammar:
+                self.waiting_for_grammar.remove(request)
             else:
                 self.waiting.remove_request(request)
             request.status = finished_status
@@ -177,9 +204,9 @@ class Scheduler:
         del self.requests[request.request_id]
 
     def get_request_counts(self) -> tuple[int, int]:
-        """(running, waiting) requests (vLLM: `Scheduler.get_request_counts`); requests set aside while their
-        grammar compiles count as waiting, as they stay in vLLM's waiting queue."""
-        return len(self.running), len(self.waiting) + len(self._set_aside)
+        """(running, waiting) requests (vLLM: `Scheduler.get_request_counts`); requests whose grammar compiles
+        count as waiting, as they stay in vLLM's waiting queue."""
+        return len(self.running), len(self.waiting) + len(self.waiting_for_grammar)
 
     def long_prefill_token_threshold_for_step(self) -> int:
         """The threshold of this step: 0 (no cap) when at most one request is running or waiting, as vLLM's
@@ -188,17 +215,17 @@ class Scheduler:
         return self.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
 
     def has_unfinished_requests(self) -> bool:
-        return len(self.running) + len(self.waiting) > 0
+        return self.get_num_unfinished_requests() > 0
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return sum(self.get_request_counts())
 
     # ------------------------------------------------------------------ schedule
     def _cap_new_tokens(self, num_new_tokens: int, num_computed_tokens: int, token_budget: int,
                         long_prefill_token_threshold: int) -> int:
         """How many of the wanted tokens a request gets: threshold, budget and length caps."""
-        return num_tokens_to_schedule(num_computed_tokens + num_new_tokens, num_computed_tokens, token_budget,
-                                      long_prefill_token_threshold, self.max_request_len)
+        return self.num_tokens_to_schedule(num_computed_tokens + num_new_tokens, num_computed_tokens, token_budget,
+                                           long_prefill_token_threshold, self.max_request_len)
 
     def _lookahead(self, request: Request, num_tokens_after_step: int) -> int:
         """Speculative decoding: extra slots for a drafter's KV, never past the longest a request may get.
@@ -213,7 +240,17 @@ class Scheduler:
         return max(0, min(self.num_lookahead_tokens, self.max_request_len - num_tokens_after_step))
 
     def _pick_victim(self) -> Request:
-        return select_preemption_victim(self.running, self.policy)
+        return self.select_preemption_victim(self.running, self.policy)
+
+    @staticmethod
+    def _take_drafts_to_verify(request: Request, num_new_tokens: int) -> list[int]:
+        """Speculative decoding: the request's drafts that fit its `num_new_tokens` are verified this step, the
+        rest are dropped. Its drafts are consumed here (vLLM clears them at schedule time too): the drafter
+        proposes the next ones after this step."""
+        num_scheduled_spec_tokens = request.num_computed_tokens + num_new_tokens - request.num_tokens
+        drafts = request.spec_token_ids[:num_scheduled_spec_tokens] if num_scheduled_spec_tokens > 0 else []
+        request.spec_token_ids = []
+        return drafts
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -227,36 +264,14 @@ class Scheduler:
         self.waiting.prepend_request(request)
 
     def schedule(self) -> SchedulerOutput:
-        """One scheduling decision (`schedule_step`), with requests whose grammar is still compiling set aside.
+        """One scheduling decision (the scheduler role's policy step): running requests first, then waiting
+        ones while nobody was preempted (module docstring).
 
         vLLM's scheduler skips a `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR` request inside its waiting loop;
-        mini keeps that rule here, around the step, so the step itself (phase 05's exercise) needs no structured-output code: unready
-        requests leave the waiting queue for the step and return to its front, in order, afterwards.
+        mini keeps such a request out of the queue instead (`waiting_for_grammar`) until its grammar is
+        compiled, so this step never meets one, and a policy written without structured output in mind (phase
+        05's) stays right with it.
         """
-        unready = self._set_aside = self._set_aside_unready_grammars()
-        try:
-            return self.schedule_step()
-        finally:
-            self._set_aside = []
-            for request in reversed(unready):
-                self.waiting.prepend_request(request)
-
-    def _set_aside_unready_grammars(self) -> list[Request]:
-        """Structured output: take WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR requests whose grammar is not
-        compiled out of the queue; the ones whose grammar is ready become plain WAITING requests."""
-        unready = []
-        for request in list(self.waiting):
-            if request.status != RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
-                continue
-            if request.structured_output_request.is_grammar_ready():
-                request.status = RequestStatus.WAITING
-            else:
-                self.waiting.remove_request(request)
-                unready.append(request)
-        return unready
-
-    @seam("schedule")
-    def schedule_step(self) -> SchedulerOutput:
         token_budget = self.max_num_scheduled_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
@@ -302,14 +317,9 @@ class Scheduler:
                 if self.policy is SchedulingPolicy.PRIORITY:
                     continue
                 break
-            # ---- speculative decoding: the drafts that fit the budget are verified; the rest are dropped.
-            # The request's drafts are consumed here (vLLM clears them at schedule time too): the drafter
-            # proposes the next ones after this step.
-            num_scheduled_spec_tokens = request.num_computed_tokens + num_new_tokens - request.num_tokens
-            if request.spec_token_ids and num_scheduled_spec_tokens > 0:
-                scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_scheduled_spec_tokens]
-            request.spec_token_ids = []
-            # ---- end speculative decoding
+            drafts = self._take_drafts_to_verify(request, num_new_tokens)
+            if drafts:
+                scheduled_spec_decode_tokens[request.request_id] = drafts
             scheduled_running.append(request)
             num_scheduled_tokens[request.request_id] = num_new_tokens
             new_block_ids[request.request_id] = [block.block_id for block in new_blocks]
@@ -382,65 +392,103 @@ class Scheduler:
     # ------------------------------------------------------------------ results of a step
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
                            ) -> list[EngineCoreOutput]:
-        """Append sampled tokens, run stop checks, free finished requests at once."""
+        """Append each scheduled request's sampled tokens, check its stops, free the finished ones at once.
+
+        vLLM: `Scheduler.update_from_output` (vllm/v1/core/sched/scheduler.py), one pass per request.
+        """
         outputs: list[EngineCoreOutput] = []
         stopped: set[Request] = set()
-        sampled = model_runner_output.sampled_token_ids
-        logprobs = model_runner_output.logprobs
-        prompt_logprobs = model_runner_output.prompt_logprobs
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted (or otherwise finished) after it was scheduled
-            req_index = model_runner_output.req_id_to_index[request_id]
-            new_token_ids = list(sampled[req_index]) if sampled else []
-            # ---- speculative decoding: forget the KV of the rejected drafts
-            scheduled_spec_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(request_id, [])
-            num_accepted = 0
-            # A step that returned no token for the request verified nothing: no rollback, no draft recorded
-            # (vLLM's `update_from_output` requires generated tokens too).
-            if scheduled_spec_token_ids and new_token_ids:
-                request.num_computed_tokens, num_accepted = rollback_spec_tokens(
-                    request.num_computed_tokens, len(scheduled_spec_token_ids), len(new_token_ids))
-                self.spec_decoding_stats.observe_draft(len(scheduled_spec_token_ids), num_accepted)
-            request.spec_token_ids = []
-            # ---- end speculative decoding
-            is_stopped = False
-            for position, token_id in enumerate(new_token_ids):
-                # ---- structured output: the FSM takes the token, or the request ends here
-                refused = StructuredOutputManager.advance(request, int(token_id))
-                if refused is not None:
-                    request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, refused
-                    is_stopped, new_token_ids = True, new_token_ids[:position]
-                    break
-                # ---- end structured output
-                request.append_output_token_ids(int(token_id))
-                if sched_utils.check_stop(request, self.max_request_len) or \
-                        StructuredOutputManager.check_complete(request):  # structured output: EOS taken by the FSM
-                    is_stopped = True
-                    new_token_ids = new_token_ids[:position + 1]
-                    break
-            new_logprobs = None
-            if logprobs is not None and logprobs[req_index] is not None and new_token_ids:
-                new_logprobs = list(logprobs[req_index])[:len(new_token_ids)]
-            new_prompt_logprobs = prompt_logprobs.get(request_id)
-            if is_stopped:
+            output = self._update_request(request, scheduler_output, model_runner_output)
+            if request.is_finished():
                 stopped.add(request)
-                self._free_request(request)
-            elif model_runner_output.spec_token_ids is not None:  # speculative decoding: the next drafts
-                request.spec_token_ids = self._accept_drafts(
-                    request, model_runner_output.spec_token_ids[req_index],
-                    is_prefill_chunk=request_id in scheduler_output.partial_prefill_req_ids)
-            if new_token_ids or is_stopped or new_prompt_logprobs:
-                outputs.append(EngineCoreOutput(
-                    request_id=request_id, new_token_ids=new_token_ids,
-                    finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
-                    new_logprobs=new_logprobs, new_prompt_logprobs=new_prompt_logprobs,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                    num_draft_tokens=len(scheduled_spec_token_ids), num_accepted_tokens=num_accepted))
+            if output is not None:
+                outputs.append(output)
         if stopped:
             self.running = [r for r in self.running if r not in stopped]
+        self.promote_ready_grammars()
         return outputs
+
+    def promote_ready_grammars(self) -> None:
+        """Structured output: requests whose grammar has compiled become WAITING, at the front of the queue
+        in arrival order (vLLM puts the requests it skipped back at the front of its waiting queue)."""
+        ready = [r for r in self.waiting_for_grammar if r.structured_output_request.is_grammar_ready()]
+        for request in reversed(ready):
+            self.waiting_for_grammar.remove(request)
+            request.status = RequestStatus.WAITING
+            self.waiting.prepend_request(request)
+
+    def _update_request(self, request: Request, scheduler_output: SchedulerOutput,
+                        runner_output: ModelRunnerOutput) -> EngineCoreOutput | None:
+        """One request's share of a step: verify its drafts, append its tokens, then free it (stopped) or
+        keep its next drafts. -> its output, or None when it has nothing to report."""
+        request_id = request.request_id
+        req_index = runner_output.req_id_to_index[request_id]
+        sampled = runner_output.sampled_token_ids
+        generated = list(sampled[req_index]) if sampled else []
+        num_draft_tokens = len(scheduler_output.scheduled_spec_decode_tokens.get(request_id, []))
+        num_accepted = self._verify_drafts(request, num_draft_tokens, len(generated))
+        new_token_ids, is_stopped = self._append_tokens(request, generated)
+        if is_stopped:
+            self._free_request(request)
+        elif runner_output.spec_token_ids is not None:
+            request.spec_token_ids = self._accept_drafts(
+                request, runner_output.spec_token_ids[req_index],
+                is_prefill_chunk=request_id in scheduler_output.partial_prefill_req_ids)
+        new_prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
+        if not (new_token_ids or is_stopped or new_prompt_logprobs):
+            return None
+        return EngineCoreOutput(
+            request_id=request_id, new_token_ids=new_token_ids,
+            finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
+            new_logprobs=_sampled_logprobs(runner_output, req_index, len(new_token_ids)),
+            new_prompt_logprobs=new_prompt_logprobs, num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted)
+
+    def _verify_drafts(self, request: Request, num_draft_tokens: int, num_generated_tokens: int) -> int:
+        """Speculative decoding: forget the KV of the drafts the rejection sampler refused -> drafts accepted.
+
+        A step that returned no token for the request verified nothing: no rollback, no draft recorded
+        (vLLM's `update_from_output` requires generated tokens too). The drafts are consumed either way.
+        """
+        num_accepted = 0
+        if num_draft_tokens and num_generated_tokens:
+            request.num_computed_tokens, num_accepted = self.rollback_spec_tokens(
+                request.num_computed_tokens, num_draft_tokens, num_generated_tokens)
+            self.spec_decoding_stats.observe_draft(num_draft_tokens, num_accepted)
+        request.spec_token_ids = []
+        return num_accepted
+
+    def _append_tokens(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
+        """Append the sampled tokens one at a time until one ends the request -> (the tokens kept, stopped).
+
+        vLLM: `Scheduler._update_request_with_output`. Each token goes to the request's grammar first
+        (structured output): a token it refuses finishes the request with "error" and is not appended.
+        """
+        for position, token_id in enumerate(new_token_ids):
+            verdict = _grammar_verdict(request, int(token_id))
+            if verdict is GrammarVerdict.REJECTED:
+                request.status = RequestStatus.FINISHED_ERROR
+                request.stop_reason = request.structured_output_request.rejection_reason(int(token_id))
+                return new_token_ids[:position], True
+            request.append_output_token_ids(int(token_id))
+            if self._is_stopped(request, verdict):
+                return new_token_ids[:position + 1], True
+        return new_token_ids, False
+
+    def _is_stopped(self, request: Request, verdict: GrammarVerdict) -> bool:
+        """`check_stop` on the token just appended; else a grammar that is complete (it took EOS) stops the
+        request too, which matters with ignore_eos."""
+        if self.check_stop(request, self.max_request_len):
+            return True
+        if verdict is GrammarVerdict.COMPLETED:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = request.output_token_ids[-1]
+            return True
+        return False
 
     def _accept_drafts(self, request: Request, draft_token_ids: list[int], is_prefill_chunk: bool) -> list[int]:
         """The drafts proposed after this step that the next step will verify.
@@ -459,37 +507,6 @@ class Scheduler:
         if request.max_tokens is not None:
             room = min(room, request.max_tokens - request.num_output_tokens - 1)
         return [int(token) for token in draft_token_ids[:max(room, 0)]]
-
-    # ------------------------------------------------------------------ statistics
-    def make_stats(self) -> SchedulerStats:
-        """A snapshot for loggers, views and tests (vLLM: `Scheduler.make_stats`)."""
-        manager = self.kv_cache_manager
-        pool = manager.block_pool
-        unfinished = [*self.running, *self.waiting]
-        return SchedulerStats(
-            step=self.step_index,
-            num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
-            kv_cache_usage=pool.get_usage(),
-            num_preemptions=self.num_preemptions_total,
-            running_req_ids=[r.request_id for r in self.running],
-            waiting_req_ids=[r.request_id for r in self.waiting],
-            block_ids={r.request_id: manager.get_block_ids(r.request_id) for r in unfinished},
-            num_computed_tokens={r.request_id: r.num_computed_tokens for r in unfinished},
-            free_block_ids=pool.free_block_ids(),
-            block_ref_cnts=[block.ref_cnt for block in pool.blocks],
-            num_gpu_blocks=pool.num_gpu_blocks,
-            block_size=manager.block_size,
-            prefix_cache_stats=dataclasses.replace(manager.prefix_cache_stats),
-            block_hashes=[block.block_hash for block in pool.blocks],
-            cached_block_ids=[block.block_id for block in pool.cached_blocks()],
-            num_cached_tokens={r.request_id: max(r.num_cached_tokens, 0) for r in unfinished},
-            request_block_hashes={r.request_id: list(manager.req_to_block_hashes.get(r.request_id, []))
-                                  for r in unfinished},
-            spec_decoding_stats=dataclasses.replace(
-                self.spec_decoding_stats,
-                num_accepted_tokens_per_pos=list(self.spec_decoding_stats.num_accepted_tokens_per_pos)),
-        )
 
     def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache (vLLM: `Scheduler.reset_prefix_cache`); False while blocks are in use."""

@@ -1,12 +1,11 @@
-"""Mirrors vllm/v1/core/sched/utils.py: check_stop, run after each sampled token."""
+"""Mirrors vllm/v1/core/sched/utils.py: check_stop, run after each sampled token (the scheduler holds it as
+`Scheduler.check_stop`, a part of the `scheduler` role)."""
 
 from __future__ import annotations
 
 from mini.core.request import Request, RequestStatus
-from mini.seams import seam
 
 
-@seam("check_stop")
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Decide whether the token just appended ends the request; set its status (and stop_reason).
 

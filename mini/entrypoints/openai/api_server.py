@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import logging
 import socket
 import threading
@@ -36,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from mini.config import add_engine_arguments, cli_engine_args
 from mini.engine.async_llm import AsyncLLM, EngineDeadError
 from mini.entrypoints.openai.metrics import PrometheusStatLogger
 from mini.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -184,43 +184,27 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int | None = No
 
 
 # ---------------------------------------------------------------------------- the command line
+# The engine arguments `serve` takes (vLLM's `serve` takes every EngineArgs field; mini, these), each
+# generated from its EngineConfig field (mini/config.py): flag, default, help, choices.
+SERVE_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+                     "num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization",
+                     "enable_prefix_caching", "scheduling_policy", "enforce_eager", "device", "dtype", "seed",
+                     "speculative_config")
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("model", nargs="?", default=None,
                         help="local HF folder, .gguf file or offline hub id (default: the shipped tiny model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
-                        help="bytes of KV cache (default: sized at start-up, mini/engine/startup.py)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    parser.add_argument("--enable-prefix-caching", action="store_true")
-    parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
-    parser.add_argument("--enforce-eager", action="store_true",
-                        help="no CUDA graphs for decode (default: captured at start-up on CUDA; CPU always runs eager)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--speculative-config", type=json.loads, default=None,
-                        help='speculative decoding, as vLLM\'s: JSON, e.g. \'{"method": "ngram", '
-                             '"num_speculative_tokens": 3}\' (methods: ngram, draft_model, eagle)')
+    add_engine_arguments(parser, SERVE_ENGINE_ARGS)
     parser.add_argument("--log-level", default="info")
     return parser
 
 
 def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
-    return {"model": args.model, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                "max_model_len": args.max_model_len, "block_size": args.block_size,
-                "num_gpu_blocks_override": args.num_gpu_blocks_override,
-                "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
-                "gpu_memory_utilization": args.gpu_memory_utilization,
-                "enable_prefix_caching": args.enable_prefix_caching, "scheduling_policy": args.scheduling_policy,
-                "enforce_eager": args.enforce_eager, "device": args.device, "dtype": args.dtype, "seed": args.seed,
-                "speculative_config": args.speculative_config}
+    return {"model": args.model, **cli_engine_args(args, SERVE_ENGINE_ARGS)}
 
 
 def served_name(args: argparse.Namespace) -> str:

@@ -2,7 +2,8 @@
 
 `build_logitsprocs(custom_classes, vocab_size, device)` instantiates the built-ins (min-p, logit bias,
 min tokens) and any custom `LogitsProcessor` subclasses (given as classes or "module:Class" /
-"module.Class" strings), and sorts them into argmax-invariant and non-invariant lists.
+"module.Class" strings), and sorts them into argmax-invariant and non-invariant lists. `choices` (what
+the engine chose when it was built, mini/roles.py) picks the `LogitsProcessors` class that builds them.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from typing import Any
 
 import torch
 
-from mini.sample.logits_processor import builtin
+from mini.roles import DEFAULT, Choices
 from mini.sample.logits_processor.builtin import (
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
+    RowStateLogitsProcessor,
+    process_dict_updates,
 )
 from mini.sample.logits_processor.interface import (
     AddedRequest,
@@ -28,7 +31,7 @@ from mini.sample.logits_processor.interface import (
     MovedRequest,
     RemovedRequest,
 )
-from mini.sample.logits_processor.state import BatchUpdateBuilder, LogitsProcessors, process_dict_updates
+from mini.sample.logits_processor.state import BatchUpdateBuilder, LogitsProcessors
 
 
 def resolve_logitsproc_class(spec: type[LogitsProcessor] | str) -> type[LogitsProcessor]:
@@ -55,6 +58,7 @@ def build_logitsprocs(
     engine_config: Any = None,
     max_num_reqs: int = 256,
     is_pin_memory: bool = False,
+    choices: Choices = DEFAULT,
 ) -> LogitsProcessors:
     """The built-in processors plus one instance of each custom class, ready for update_state/apply."""
     if not isinstance(vocab_size, int) or vocab_size < 1:
@@ -62,9 +66,8 @@ def build_logitsprocs(
     config = LogitsProcessorConfig(vocab_size=vocab_size, max_num_reqs=max_num_reqs,
                                    engine_config=engine_config)
     device = torch.device(device)
-    builtin_classes = builtin.builtin_logits_processors()
-    classes = list(builtin_classes) + [resolve_logitsproc_class(c) for c in custom_classes or ()]
-    return LogitsProcessors.from_processors([cls(config, device, is_pin_memory) for cls in classes])
+    custom = [resolve_logitsproc_class(c) for c in custom_classes or ()]
+    return choices.resolve(LogitsProcessors).build(config, device, is_pin_memory, custom)
 
 
 __all__ = [
@@ -80,6 +83,7 @@ __all__ = [
     "MoveDirectionality",
     "MovedRequest",
     "RemovedRequest",
+    "RowStateLogitsProcessor",
     "build_logitsprocs",
     "process_dict_updates",
     "resolve_logitsproc_class",

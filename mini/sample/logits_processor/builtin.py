@@ -1,22 +1,73 @@
 """Mirrors vllm/v1/sample/logits_processor/builtin.py: min-p, logit bias and min-tokens.
 
 Each keeps a sparse `{row: setting}` dict (only the requests that use it), follows the batch with
-`process_dict_updates`, and rebuilds small index tensors only when the dict changed, so `apply` is a
-few vectorized ops, or a no-op when no row uses the processor.
+`process_dict_updates` (defined here, as in vLLM), and rebuilds small index tensors only when the dict
+changed, so `apply` is a few vectorized ops, or a no-op when no row uses the processor.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from mini.sample.logits_processor.interface import BatchUpdate, LogitsProcessor, LogitsProcessorConfig
-from mini.sample.logits_processor.state import process_dict_updates
-from mini.seams import implementation, register
+from mini.sample.logits_processor.interface import (
+    BatchUpdate,
+    LogitsProcessor,
+    LogitsProcessorConfig,
+    MoveDirectionality,
+)
 
 if TYPE_CHECKING:
     from mini.sampling_params import SamplingParams
+
+StateT = TypeVar("StateT")
+
+
+def process_dict_updates(
+    entries: dict[int, StateT],
+    batch_update: BatchUpdate | None,
+    new_state: Callable[[SamplingParams, list[int], list[int]], StateT | None],
+) -> bool:
+    """Apply removes -> adds -> moves to `{row: state}`; return whether `entries` changed.
+
+    `new_state(params, prompt_ids, output_ids)` returns the row's state, or None if the processor
+    is off for that request (then any stale state of the replaced request is dropped).
+    """
+    if batch_update is None:
+        return False
+    changed = False
+    for index in batch_update.removed:
+        changed |= entries.pop(index, None) is not None
+    for index, params, prompt_ids, output_ids in batch_update.added:
+        state = new_state(params, prompt_ids, output_ids)
+        if state is not None:
+            entries[index] = state
+            changed = True
+        else:
+            changed |= entries.pop(index, None) is not None
+    for a_index, b_index, direction in batch_update.moved:
+        a_state = entries.pop(a_index, None)
+        b_state = entries.pop(b_index, None)
+        if a_state is not None:
+            entries[b_index] = a_state
+            changed = True
+        if b_state is not None:
+            changed = True
+            if direction is MoveDirectionality.SWAP:
+                entries[a_index] = b_state
+    return changed
+
+
+class RowStateLogitsProcessor(LogitsProcessor):
+    """A processor that keeps `{row: state}` and follows the batch with `self.process_dict_updates`.
+
+    The built-ins derive from it, so the `LogitsProcessors` container that builds them can hand them the
+    engine's chosen `process_dict_updates` (mini/roles.py); alone, they use the reference.
+    """
+
+    process_dict_updates = staticmethod(process_dict_updates)
 
 
 def stop_token_ids_of(params: SamplingParams) -> set[int]:
@@ -24,7 +75,7 @@ def stop_token_ids_of(params: SamplingParams) -> set[int]:
     return set(params.all_stop_token_ids)
 
 
-class MinPLogitsProcessor(LogitsProcessor):
+class MinPLogitsProcessor(RowStateLogitsProcessor):
     """Drop tokens whose probability is below min_p times the row's top probability (argmax-invariant).
 
     Runs after temperature, as in vLLM, so "probability" means the tempered distribution.
@@ -44,7 +95,7 @@ class MinPLogitsProcessor(LogitsProcessor):
             min_p = params.min_p
             return min_p if min_p > 0.0 else None
 
-        if process_dict_updates(self.min_p_by_row, batch_update, new_state):
+        if self.process_dict_updates(self.min_p_by_row, batch_update, new_state):
             rows = sorted(self.min_p_by_row)
             self._rows = torch.tensor(rows, dtype=torch.long, device=self.device)
             self._min_p = torch.tensor([self.min_p_by_row[r] for r in rows], device=self.device).unsqueeze(1)
@@ -59,7 +110,7 @@ class MinPLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class LogitBiasLogitsProcessor(LogitsProcessor):
+class LogitBiasLogitsProcessor(RowStateLogitsProcessor):
     """Add `logit_bias[token]` to the chosen tokens of each row (may change the argmax)."""
 
     def __init__(self, vllm_config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool) -> None:
@@ -82,7 +133,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         return {int(t): float(b) for t, b in logit_bias.items()}
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if process_dict_updates(self.bias_by_row, batch_update, self._new_state):
+        if self.process_dict_updates(self.bias_by_row, batch_update, self._new_state):
             rows, tokens, biases = [], [], []
             for row, bias in self.bias_by_row.items():
                 rows.extend([row] * len(bias))
@@ -98,7 +149,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         return logits.index_put_(self._index, self._bias.to(logits.dtype), accumulate=True)
 
 
-class MinTokensLogitsProcessor(LogitsProcessor):
+class MinTokensLogitsProcessor(RowStateLogitsProcessor):
     """Mask the stop tokens (EOS included) of a row until it has generated `min_tokens` tokens."""
 
     def __init__(self, vllm_config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool) -> None:
@@ -119,7 +170,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         return None
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        changed = process_dict_updates(self.state_by_row, batch_update, self._new_state)
+        changed = self.process_dict_updates(self.state_by_row, batch_update, self._new_state)
         # Output lists grow by reference: a row that reached min_tokens is released.
         done = [row for row, (min_tokens, output_ids, _) in self.state_by_row.items()
                 if len(output_ids) >= min_tokens]
@@ -137,11 +188,3 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         if not self.state_by_row or self._index is None:
             return logits
         return logits.index_put_(self._index, torch.tensor(-float("inf"), device=logits.device))
-
-
-register("MinTokensLogitsProcessor", MinTokensLogitsProcessor)
-
-
-def builtin_logits_processors() -> tuple[type[LogitsProcessor], ...]:
-    """The built-in classes; min-tokens is a seam, so a registered replacement is the one built."""
-    return (MinPLogitsProcessor, LogitBiasLogitsProcessor, implementation("MinTokensLogitsProcessor"))

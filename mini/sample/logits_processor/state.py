@@ -5,30 +5,36 @@ reorganizes rows during a step; `get_and_reset(batch_size)` then hands the proce
 `BatchUpdate` (or None when nothing changed). A removed row that a new request fills in the same step
 is popped from the removed list (`pop_removed`), so it shows up only as an add, as in vLLM.
 
-`process_dict_updates` is the standard way for a processor that keeps `{row: state}` to follow a
-`BatchUpdate` (vLLM keeps it in logits_processor/builtin.py).
+`LogitsProcessors` holds an engine's processors, split as the sampler uses them. It is also the home of
+two parts of the sampler role (mini/roles.py): `process_dict_updates`, the standard way for a processor
+that keeps `{row: state}` to follow a `BatchUpdate` (defined in builtin.py, as vLLM's), which it hands to
+the built-in processors it builds, and `MinTokensLogitsProcessor`, the min-tokens class it builds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import ClassVar
 
+import torch
+
+from mini.sample.logits_processor import builtin
+from mini.sample.logits_processor.builtin import (
+    LogitBiasLogitsProcessor,
+    MinPLogitsProcessor,
+    RowStateLogitsProcessor,
+    process_dict_updates,
+)
 from mini.sample.logits_processor.interface import (
     AddedRequest,
     BatchUpdate,
     LogitsProcessor,
+    LogitsProcessorConfig,
     MoveDirectionality,
     MovedRequest,
     RemovedRequest,
 )
-from mini.seams import seam
-
-if TYPE_CHECKING:
-    from mini.sampling_params import SamplingParams
-
-StateT = TypeVar("StateT")
 
 
 class BatchUpdateBuilder:
@@ -93,17 +99,38 @@ class BatchUpdateBuilder:
 
 @dataclass(slots=True)
 class LogitsProcessors:
-    """The loaded processors, split as the sampler uses them."""
+    """The loaded processors, split as the sampler uses them.
+
+    Built by `build` from the class `Choices.resolve` gives (mini/roles.py): its `MinTokensLogitsProcessor`
+    is the min-tokens class it instantiates, and its `process_dict_updates` the one its built-in
+    processors follow the batch with.
+    """
 
     argmax_invariant: list[LogitsProcessor] = field(default_factory=list)
     non_argmax_invariant: list[LogitsProcessor] = field(default_factory=list)
 
+    process_dict_updates: ClassVar = staticmethod(process_dict_updates)
+    MinTokensLogitsProcessor: ClassVar[type[LogitsProcessor]] = builtin.MinTokensLogitsProcessor
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+
     @classmethod
-    def from_processors(cls, processors: list[LogitsProcessor]) -> LogitsProcessors:
+    def build(cls, config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool = False,
+              custom_classes: Sequence[type[LogitsProcessor]] = ()) -> LogitsProcessors:
+        """One instance of each built-in (min-p, logit bias, min tokens), then of each custom class."""
         container = cls()
-        for processor in processors:
-            container.add(processor)
+        for processor_class in (MinPLogitsProcessor, LogitBiasLogitsProcessor, cls.MinTokensLogitsProcessor,
+                                *custom_classes):
+            container.add(container.instantiate(processor_class, config, device, is_pin_memory))
         return container
+
+    def instantiate(self, processor_class: type[LogitsProcessor], config: LogitsProcessorConfig,
+                    device: torch.device, is_pin_memory: bool) -> LogitsProcessor:
+        """`processor_class(config, device, is_pin_memory)`; a built-in follows rows with this container's
+        `process_dict_updates` when the engine replaced it."""
+        processor = processor_class(config, device, is_pin_memory)
+        if "process_dict_updates" in self.replaced_parts and isinstance(processor, RowStateLogitsProcessor):
+            processor.process_dict_updates = self.process_dict_updates
+        return processor
 
     def add(self, processor: LogitsProcessor) -> None:
         if processor.is_argmax_invariant():
@@ -121,37 +148,3 @@ class LogitsProcessors:
             processor.update_state(batch_update)
 
 
-@seam("process_dict_updates")
-def process_dict_updates(
-    entries: dict[int, StateT],
-    batch_update: BatchUpdate | None,
-    new_state: Callable[[SamplingParams, list[int], list[int]], StateT | None],
-) -> bool:
-    """Apply removes -> adds -> moves to `{row: state}`; return whether `entries` changed.
-
-    `new_state(params, prompt_ids, output_ids)` returns the row's state, or None if the processor
-    is off for that request (then any stale state of the replaced request is dropped).
-    """
-    if batch_update is None:
-        return False
-    changed = False
-    for index in batch_update.removed:
-        changed |= entries.pop(index, None) is not None
-    for index, params, prompt_ids, output_ids in batch_update.added:
-        state = new_state(params, prompt_ids, output_ids)
-        if state is not None:
-            entries[index] = state
-            changed = True
-        else:
-            changed |= entries.pop(index, None) is not None
-    for a_index, b_index, direction in batch_update.moved:
-        a_state = entries.pop(a_index, None)
-        b_state = entries.pop(b_index, None)
-        if a_state is not None:
-            entries[b_index] = a_state
-            changed = True
-        if b_state is not None:
-            changed = True
-            if direction is MoveDirectionality.SWAP:
-                entries[a_index] = b_state
-    return changed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mini.sample.ops.bad_words import apply_bad_words
 from mini.sample.ops.penalties import apply_all_penalties, get_token_bin_counts_and_mask
 from mini.sample.ops.topk_topp import apply_top_k_only, apply_top_k_top_p
-from mini.sample.ops.topk_topp_sampler import random_sample, sample_fused, sample_native
+from mini.sample.ops.topk_topp_sampler import random_sample, sample_fused
 
 __all__ = [
     "apply_all_penalties",
@@ -15,5 +15,4 @@ __all__ = [
     "get_token_bin_counts_and_mask",
     "random_sample",
     "sample_fused",
-    "sample_native",
 ]

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from mini.seams import seam
-
 
 def get_token_bin_counts_and_mask(
     token_ids: torch.Tensor, vocab_size: int, num_rows: int
@@ -31,7 +29,6 @@ def get_token_bin_counts_and_mask(
     return counts, counts > 0
 
 
-@seam("apply_all_penalties")
 def apply_all_penalties(
     logits: torch.Tensor,
     prompt_token_ids: torch.Tensor,

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from mini.seams import seam
-
 
 def _validate(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> None:
     if logits.dim() != 2:
@@ -46,7 +44,6 @@ def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill_(logits < kth_largest, -float("inf"))
 
 
-@seam("apply_top_k_top_p")
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
     """Mask (to -inf) every token outside each row's top-k set and top-p nucleus.
 

@@ -2,8 +2,9 @@
 
 Two paths, as vLLM's `TopKTopPSampler` has a native one and a fused (FlashInfer) one:
 
-* `sample_native`: `apply_top_k_top_p` on the full rows, softmax, then `random_sample`. It is the
-  teachable reference, and the path taken when a learner's function is plugged in.
+* native: `apply_top_k_top_p` on the full rows, softmax, then `random_sample`. It is the teachable
+  reference, which the sampler (mini/sample/sampler.py: `truncated_probs`, then `random_sample`) runs
+  through its own parts when it was built with a part replaced.
 * `sample_fused`: for rows that truncate (k or p set) only a window of each row's best tokens can
   survive, so it takes `topk(window)` instead of sorting 32k entries, decides top-k / top-p inside the
   window, and races only the window's tokens. A row whose cut might reach past the window (k-th value
@@ -20,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from mini.sample.ops import topk_topp as topk_topp_ops
-from mini.seams import seam
 
 FIRST_WINDOW = 32
 WINDOW_GROWTH = 4
@@ -34,7 +34,6 @@ def exponentials_(out: torch.Tensor, generator: torch.Generator | None = None) -
     return out.uniform_(generator=generator).log_().neg_()
 
 
-@seam("random_sample")
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """argmax(probs / E) per row; rows listed in `generators` draw E with their own generator.
 
@@ -46,14 +45,6 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     for row, generator in generators.items():
         exponentials_(race[row], generator)
     return probs.div_(race).argmax(dim=-1).view(-1)
-
-
-def sample_native(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                  generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """Mask with `apply_top_k_top_p`, softmax, race. Looks the ops up at call time (pluggable)."""
-    logits = topk_topp_ops.apply_top_k_top_p(logits, k, p)
-    probs = logits.softmax(dim=-1, dtype=torch.float32)
-    return random_sample(probs, generators)
 
 
 def _race(probs: torch.Tensor, seeded_races: dict[int, torch.Tensor],
@@ -111,7 +102,7 @@ def _window_sample(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor, windo
 
 def sample_fused(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
                  generators: dict[int, torch.Generator], active: torch.Tensor | None = None) -> torch.Tensor:
-    """Same distribution as `sample_native`; rows outside `active` (bool [N], e.g. greedy) get token 0."""
+    """Same distribution as the native path; rows outside `active` (bool [N], e.g. greedy) get token 0."""
     num_rows, vocab_size = logits.shape
     device = logits.device
     k = (torch.full((num_rows,), vocab_size, device=device) if k is None

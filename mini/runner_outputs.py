@@ -1,8 +1,9 @@
-"""What one model-runner step hands back to the scheduler.
+"""What one model-runner step hands back to the scheduler: `ModelRunnerOutput`.
 
-Mirrors vllm/v1/outputs.py (ModelRunnerOutput). vLLM ships logprobs as tensors (LogprobsLists);
-mini converts them to plain `{token_id: logprob}` dicts here, one dict per sampled token, because the
-batches are small and dicts are what the course prints.
+Mirrors vllm/v1/outputs.py (ModelRunnerOutput), which vLLM keeps in a neutral module beside the engine's
+layers: the worker produces it and the scheduler reads it, and neither imports the other. vLLM ships
+logprobs as tensors (LogprobsLists); mini converts them to plain `{token_id: logprob}` dicts here, one dict
+per sampled token, because the batches are small and dicts are what the course prints.
 """
 
 from __future__ import annotations
