@@ -8,8 +8,7 @@ import pytest
 from labs import plug
 from mini import LLM, SamplingParams, roles
 from mini.config import SHIPPED_MODEL_DIR
-from mini.engine import detokenizer
-from mini.engine.core_request import EngineCoreRequest
+from mini.engine import EngineCoreRequest, detokenizer
 from mini.engine.detokenizer import IncrementalDetokenizer, OffsetIncrementalDetokenizer
 from mini.engine.output_processor import OutputProcessor
 from mini.roles import DEFAULT, choose

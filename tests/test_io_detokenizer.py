@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mini.engine.core_request import EngineCoreRequest
+from mini.engine import EngineCoreRequest
 from mini.engine.detokenizer import (
     IncrementalDetokenizer,
     OffsetIncrementalDetokenizer,

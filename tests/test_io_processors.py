@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mini.core.sched.output import EngineCoreOutput
+from mini.engine import EngineCoreOutput
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.parallel_sampling import ParentRequest, fan_out

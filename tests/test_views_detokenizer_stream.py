@@ -7,7 +7,7 @@ import pytest
 
 from labs.views import detokenizer_stream, render_detokenizer_html
 from mini.config import SHIPPED_MODEL_DIR
-from mini.engine.core_request import EngineCoreRequest
+from mini.engine import EngineCoreRequest
 from mini.engine.detokenizer import OffsetIncrementalDetokenizer
 from mini.sampling_params import SamplingParams
 from mini.tokenizer import load_tokenizer

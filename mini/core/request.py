@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from mini.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
-    from mini.engine.core_request import EngineCoreRequest
+    from mini.engine import EngineCoreRequest
     from mini.sampling_params import SamplingParams
 
 

@@ -1,5 +1,48 @@
-"""Mirrors vllm/v1/engine/__init__.py: the engine package (input processing, output processing, engine loop).
+"""Mirrors vllm/v1/engine/__init__.py: the types the engine core takes in and hands out.
 
-Kept import-light on purpose: import the modules you need (`mini.engine.input_processor`, ...) directly.
-`EngineCoreRequest` lives in `mini/engine/core_request.py` (vLLM defines it in this __init__).
+`EngineCoreRequest` is a validated, tokenized request: the input processor makes it from a user prompt, the
+engine builds the scheduler's `Request` from it and the output processor keeps its prompt for the
+`RequestOutput`. `EngineCoreOutput` is what `Scheduler.update_from_output` returns per request that progressed
+and what the output processor turns into `RequestOutput`s. Both sit here, below the scheduler and the engine
+loop that exchange them, as vLLM keeps them; this module imports nothing of the engine, so the core can
+import it. The engine's modules are imported by name (`mini.engine.llm_engine`, ...).
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mini.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    """One request as the engine core sees it: token ids + (cloned, validated) sampling params."""
+
+    request_id: str
+    prompt: str | None                 # the prompt text, or None for a token-id prompt
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams    # owned by this request (a clone of the user's object)
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None      # prefix-cache namespace: enters the first block's hash (prompt dict key)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None      # "stop" | "length" | "abort" | None
+    stop_reason: int | str | None = None  # the stop token id that ended the request, if any
+    new_logprobs: Any = None              # one {token_id: logprob} dict per new token, or None
+    new_prompt_logprobs: Any = None
+    num_cached_tokens: int = 0            # prefix-cache hit length when the request was first scheduled
+    # Speculative decoding: drafts verified for this request this step, and how many were accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

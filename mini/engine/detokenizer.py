@@ -34,7 +34,7 @@ import bisect
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from mini.engine.core_request import EngineCoreRequest
+    from mini.engine import EngineCoreRequest
 
 # How many prompt tokens before the first output token serve as decoding context (vLLM uses 5).
 INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET = 5

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from mini.engine.core_request import EngineCoreRequest
+from mini.engine import EngineCoreRequest
 from mini.sampling_params import SamplingParams
 from mini.structured_output import validate_structured_outputs
 

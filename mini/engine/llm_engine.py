@@ -34,7 +34,7 @@ from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
-from mini.engine.core_request import EngineCoreRequest
+from mini.engine import EngineCoreRequest
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.parallel_sampling import ParentRequest

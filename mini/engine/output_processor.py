@@ -26,8 +26,7 @@ from mini.roles import DEFAULT, Choices
 from mini.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
-    from mini.core.sched.output import EngineCoreOutput
-    from mini.engine.core_request import EngineCoreRequest
+    from mini.engine import EngineCoreOutput, EngineCoreRequest
 
 
 @dataclass(slots=True)

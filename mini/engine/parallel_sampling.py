@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mini.engine.core_request import EngineCoreRequest
+from mini.engine import EngineCoreRequest
 from mini.outputs import CompletionOutput
 from mini.sampling_params import RequestOutputKind, SamplingParams
 

@@ -5,8 +5,8 @@ requests the runner already knows are sent as a diff in `CachedRequestData` (onl
 this step). `num_computed_tokens` is the count BEFORE this step: the runner computes tokens
 `num_computed_tokens .. num_computed_tokens + num_scheduled_tokens[req_id] - 1`.
 
-`EngineCoreOutput` (vLLM keeps it in vllm/v1/engine/__init__.py) is what `update_from_output`
-returns for the output processor.
+`EngineCoreOutput`, what `update_from_output` returns for the output processor, is in mini/engine/__init__.py,
+where vLLM keeps it (vllm/v1/engine/__init__.py).
 
 mini's choices: a request resumed after preemption comes back as `NewRequestData` (as vLLM does for its
 v2 model runner; for the v1 runner vLLM sends it in `CachedRequestData` with its token ids), and a
@@ -17,7 +17,7 @@ state through one set (vLLM keeps the two apart).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mini.core.request import Request
@@ -72,21 +72,3 @@ class SchedulerOutput:
     # the last len(drafts) of the request's num_scheduled_tokens).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     step: int = 0
-
-
-@dataclass(slots=True)
-class EngineCoreOutput:
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None      # "stop" | "length" | "abort" | None
-    stop_reason: int | str | None = None  # the stop token id that ended the request, if any
-    new_logprobs: Any = None              # one {token_id: logprob} dict per new token, or None
-    new_prompt_logprobs: Any = None
-    num_cached_tokens: int = 0            # prefix-cache hit length when the request was first scheduled
-    # Speculative decoding: drafts verified for this request this step, and how many were accepted.
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None

@@ -33,13 +33,9 @@ from typing import TYPE_CHECKING, ClassVar
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
 from mini.core.sched import utils as sched_utils
-from mini.core.sched.output import (
-    CachedRequestData,
-    EngineCoreOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
+from mini.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from mini.engine import EngineCoreOutput
 from mini.metrics.stats import SpecDecodingStats
 from mini.roles import DEFAULT, Choices
 from mini.structured_output.request import GrammarVerdict
