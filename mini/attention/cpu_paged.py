@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from mini.attention import reference
-from mini.attention.metadata import AttentionMetadata
+from mini.attention.metadata import AttentionBackend, AttentionMetadata
 from mini.attention.reference import ReferenceAttentionBackend
 from mini.roles import Choices
 from mini.utils import cdiv
@@ -263,7 +263,7 @@ def _scratch(name: str, num_elements: int, like: torch.Tensor) -> torch.Tensor:
     return buffer[:num_elements]
 
 
-class CpuAttentionBackend:
+class CpuAttentionBackend(AttentionBackend):
     """The fast CPU backend ("torch_fast", the default on CPU): same results as `ReferenceAttentionBackend`.
 
     It has no parts of its own: an engine that replaces a part of the reference backend builds that
@@ -271,7 +271,6 @@ class CpuAttentionBackend:
     """
 
     name: ClassVar[str] = "torch_fast"
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
     store_kv = staticmethod(store_kv)
     paged_attention = staticmethod(paged_attention)
 

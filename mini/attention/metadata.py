@@ -3,15 +3,18 @@
 Mirrors vllm/v1/attention/backend.py (`CommonAttentionMetadata`, the per-step tensors every backend reads)
 and the metadata builders of vllm/v1/attention/backends/ (`build` turns the runner's flat batch into what
 a layer needs). mini has one metadata type for every backend and one builder, used by the model runner,
-the drafters, the start-up profiling run and the CUDA-graph capture alike.
+the drafters, the start-up profiling run and the CUDA-graph capture alike. `AttentionBackend` is the base
+of the backend classes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
+
+from mini.roles import Choices
 
 
 @dataclass(slots=True)
@@ -60,3 +63,20 @@ def build_attention_metadata(inputs: FlatBatch, *, max_query_len: int | None = N
 
 
 __all__ = ["AttentionMetadata", "FlatBatch", "build_attention_metadata"]
+
+
+class AttentionBackend:
+    """What every backend class shares (vLLM: `AttentionBackend` in vllm/v1/attention/backend.py).
+
+    A backend holds its parts as class attributes (mini/roles.py); `for_choices` is the class an engine with
+    these choices builds: the backend itself, or its subclass holding the replaced parts. A backend whose
+    parts live elsewhere (the CPU fast path hands over to the reference) overrides it.
+    """
+
+    name: ClassVar[str] = ""
+    replaced_parts: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def for_choices(cls, choices: Choices) -> type:
+        return choices.resolve(cls)
+

@@ -25,8 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from mini.attention.metadata import AttentionMetadata
-from mini.roles import Choices
+from mini.attention.metadata import AttentionBackend, AttentionMetadata
 from mini.utils import cdiv
 
 __all__ = ["AttentionMetadata", "ReferenceAttentionBackend", "gather_kv", "paged_attention", "store_kv"]
@@ -139,7 +138,7 @@ def _decode_attention(
     return out.reshape(batch_size, num_heads, head_size)
 
 
-class ReferenceAttentionBackend:
+class ReferenceAttentionBackend(AttentionBackend):
     """The readable backend ("torch"): home of the `attention` role's parts `store_kv`, `gather_kv` and
     `paged_attention` (mini/roles.py). Built once per engine; every layer of the model holds the instance.
 
@@ -148,12 +147,6 @@ class ReferenceAttentionBackend:
     """
 
     name: ClassVar[str] = "torch"
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
     store_kv = staticmethod(store_kv)
     gather_kv = staticmethod(gather_kv)
     paged_attention = staticmethod(paged_attention)
-
-    @classmethod
-    def for_choices(cls, choices: Choices) -> type:
-        """The class an engine with these choices builds: this one, or its subclass holding replaced parts."""
-        return choices.resolve(cls)

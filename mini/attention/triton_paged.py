@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from mini.attention.metadata import AttentionMetadata
+from mini.attention.metadata import AttentionBackend, AttentionMetadata
 from mini.attention.triton_utils import (
     import_triton,
     is_available,
@@ -37,7 +37,6 @@ from mini.attention.triton_utils import (
     unavailable_reason,
     use_interpreter,
 )
-from mini.roles import Choices
 
 # Raises ImportError with an explanation on platforms without Triton; sets TRITON_INTERPRET=1 without CUDA.
 triton, tl = import_triton()
@@ -348,23 +347,17 @@ def paged_attention(
     return paged_prefill(query, kv_cache, metadata, scale)
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     """The Triton backend ("triton", the default on CUDA). Home of the `attention` role's Triton parts.
 
     vLLM: `TritonAttentionBackend` / `TritonAttentionImpl` (vllm/v1/attention/backends/triton_attn.py).
     """
 
     name: ClassVar[str] = "triton"
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
     triton_store_kv = staticmethod(store_kv)
     paged_decode = staticmethod(paged_decode)
     _store_kv_kernel = staticmethod(_store_kv_kernel)
     _paged_decode_kernel = staticmethod(_paged_decode_kernel)
-
-    @classmethod
-    def for_choices(cls, choices: Choices) -> type:
-        """The class an engine with these choices builds: this one, or its subclass holding replaced parts."""
-        return choices.resolve(cls)
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
