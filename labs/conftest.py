@@ -7,6 +7,9 @@
 
 A lab test asks for the `answers` fixture and calls `answers("01_paged_kv").get("name")`: the
 object the learner defined in that notebook's answer cell, or an AssertionError that says why not.
+
+`-k` selects an exercise by its test id (`01_paged_kv::FreeKVCacheBlockQueue`) and by its other names
+(`Exercise.keywords`: `-k free_block_queue`, the snake_case name of its check, or `-k test-free-block-queue`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,17 @@ def notebook_dir(config: pytest.Config) -> Path:
     if config.getoption("--notebooks"):
         return Path(config.getoption("--notebooks")).resolve()
     return REPO_ROOT / ("solutions" if config.getoption("--reference") else "phases")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -k
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from labs.manifest import Exercise
+
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        exercise = callspec.params.get("exercise") if callspec is not None else None
+        if isinstance(exercise, Exercise):
+            item.extra_keyword_matches.update(exercise.keywords)
 
 
 def pytest_configure(config: pytest.Config) -> None:

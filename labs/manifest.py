@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,16 @@ class Exercise:
     grade_id: str          # the grade id of that test cell
     part: str | None = None  # the part of an engine role it writes (mini/roles.py; None: not pluggable)
     needs_triton: bool = False  # graded only where Triton runs (Linux x86_64)
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        """Other names `pytest labs/ -k` selects this exercise by, besides its test id: the snake_case name
+        of its check (`check_free_block_queue` -> `free_block_queue`), its own name in snake_case
+        (`FreeKVCacheBlockQueue` -> `free_kv_cache_block_queue`) and its grade id (`test-free-block-queue`)."""
+        check_name = getattr(self.check, "__name__", "").removeprefix("check_")
+        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", self.name).lower()
+        names = (check_name, snake, self.grade_id, self.grade_id.removeprefix("test-").replace("-", "_"))
+        return tuple(dict.fromkeys(n for n in names if n and n != self.name))
 
 
 @dataclass(frozen=True, slots=True)

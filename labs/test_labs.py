@@ -4,6 +4,7 @@
     pytest labs/ --reference          grade the solutions (must all pass)
     pytest labs/ --notebooks DIR      grade DIR/NN_topic/NN_topic.ipynb
     pytest labs/ -k 01_paged_kv       one phase;  -k get_new_blocks  one exercise
+    pytest labs/ -k free_block_queue  an exercise by the snake_case name of its check (FreeKVCacheBlockQueue)
 
 Each test loads the answer cells of its phase's notebook (labs/course/answers.py: the setup cell, then
 every answer cell on its own, so a broken cell fails only its own exercises) and runs the exercise's check

@@ -5,9 +5,9 @@ entry point (`BeamSearchOfflineMixin.beam_search` in vllm/entrypoints/generate/b
 vLLM v1's engine core knows nothing about beams. `LLM.beam_search` (mini/entrypoints/llm.py) keeps, per
 prompt, a `BeamSearchInstance`: the live `beams` and the `completed`
 ones. Every step it sends each live beam to the engine as a new one-token request whose prompt is the
-beam's tokens (prompt + generated so far), asking for `2 * beam_width` logprobs; each beam's candidates are
-its tokens plus one of those tokens. Candidates ending in EOS move to `completed`; the best `beam_width` of
-the rest, by `get_beam_search_score`, are the next live beams. The beams of one prompt share their prefix,
+beam's tokens (prompt + generated so far), asking for `2 * beam_width` logprobs; `beam_search_step` then
+extends each beam by each of those tokens: candidates ending in EOS move to `completed`; the best
+`beam_width` of the rest, by `get_beam_search_score`, are the next live beams (phase 06's exercise). The beams of one prompt share their prefix,
 so with prefix caching on, each step's requests find that prefix's full KV blocks in the cache and only
 prefill the tail: the sharing a V0-style beam search did with copy-on-write blocks, here for free.
 
@@ -83,3 +83,36 @@ def create_sort_beams_key_function(length_penalty: float) -> Callable[[BeamSearc
         return get_beam_search_score(len(beam.logprobs), beam.cum_logprob, length_penalty)
 
     return sort_beams_key
+
+
+def beam_search_step(
+    instance: BeamSearchInstance,
+    beam_logprobs: list[dict[int, Logprob] | None],
+    beam_width: int,
+    length_penalty: float,
+    eos_token_id: int | None,
+) -> None:
+    """Advance one prompt's search by one token (the per-instance body of vLLM's `_beam_search_step`).
+
+    `beam_logprobs[i]` is what the engine returned for `instance.beams[i]`: its next token's logprobs dict
+    (the sampled token, then the top `2 * beam_width`), or None / {} when nothing came back. Every beam is
+    extended by every token of its dict, in that order; a candidate ending in `eos_token_id` is appended to
+    `instance.completed` (None: no EOS, `ignore_eos`), the others are ranked by `get_beam_search_score`
+    (a stable sort: on equal scores the earlier candidate stays first) and the best `beam_width` become
+    `instance.beams`.
+    """
+    sort_beams_key = create_sort_beams_key_function(length_penalty)
+    candidates: list[BeamSearchSequence] = []
+    for beam, logprobs in zip(instance.beams, beam_logprobs):
+        if not logprobs:  # nothing came back (vLLM: the request hit max_model_len or was aborted)
+            continue
+        for token_id, logprob in logprobs.items():
+            candidate = BeamSearchSequence(
+                orig_prompt=beam.orig_prompt, tokens=beam.tokens + [token_id], logprobs=beam.logprobs + [logprobs],
+                cum_logprob=beam.cum_logprob + logprob.logprob,
+            )
+            if token_id == eos_token_id:
+                instance.completed.append(candidate)
+            else:
+                candidates.append(candidate)
+    instance.beams = sorted(candidates, key=sort_beams_key, reverse=True)[:beam_width]

@@ -28,3 +28,26 @@ def test_its_mixes_cover_decode_and_prefill():
     query_lens = {q for _, mix in gpu.GPU_MIXES for q, _ in mix}
     assert 1 in query_lens and max(query_lens) >= 512
     assert all(q <= s for _, mix in gpu.GPU_MIXES for q, s in mix)
+
+
+def test_random_weights_copy_keeps_the_architecture_and_tokenizer(tmp_path):
+    """`--random-weights` (for a GPU machine the checkpoint cannot be copied to): same config and tokenizer, new
+    seeded weights, loadable by the engine."""
+    import json
+
+    from mini import LLM, SamplingParams
+    from mini.model.registry import SHIPPED_MODEL_DIR
+
+    source = tmp_path / "no-weights"
+    source.mkdir()
+    for path in SHIPPED_MODEL_DIR.iterdir():
+        if not path.name.endswith(".safetensors"):
+            (source / path.name).write_bytes(path.read_bytes())
+    folder = gpu.random_weights_copy(str(source), seed=123)
+    config, original = (json.loads((dir_ / "config.json").read_text()) for dir_ in (gpu.Path(folder), source))
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        assert config[key] == original[key], key
+    assert (gpu.Path(folder) / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    llm = LLM(model=folder, dtype="float32")
+    out = llm.generate(["def main("], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3

@@ -16,8 +16,7 @@ from mini.core.sched import utils as sched_utils
 from mini.core.sched.scheduler import Scheduler
 from mini.sampling_params import SamplingParams
 
-SCHEDULER_PARTS = ("schedule", "num_tokens_to_schedule", "select_preemption_victim", "rollback_spec_tokens",
-                   "check_stop")
+SCHEDULER_PARTS = ("schedule", "num_tokens_to_schedule", "select_preemption_victim", "check_stop")
 
 
 def build(scheduler_class: type[Scheduler]) -> Scheduler:
@@ -54,7 +53,6 @@ def test_the_scheduler_role_lives_on_the_scheduler_and_references_the_module_fun
     assert {part: roles.home_class(part) for part in SCHEDULER_PARTS} == dict.fromkeys(SCHEDULER_PARTS, Scheduler)
     assert roles.reference("num_tokens_to_schedule") is sched.num_tokens_to_schedule
     assert roles.reference("select_preemption_victim") is sched.select_preemption_victim
-    assert roles.reference("rollback_spec_tokens") is sched.rollback_spec_tokens
     assert roles.reference("check_stop") is sched_utils.check_stop
     assert roles.reference("schedule") is Scheduler.schedule
     assert roles.DEFAULT.resolve(Scheduler) is Scheduler and Scheduler.replaced_parts == frozenset()

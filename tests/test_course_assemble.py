@@ -1,7 +1,8 @@
 """labs.assemble: the learner's whole engine, assembled from their phase notebooks.
 
 The solutions assemble into an engine token-identical to the reference; the untouched release assembles into
-all-reference parts (every exercise reported untouched) and still runs; a copy of the solutions with one wrong
+all-reference parts (every exercise reported untouched) and still runs (the release as generated from
+solutions/, not the checkout's phases/, where a learner may be working); a copy of the solutions with one wrong
 answer names that component (its check fails on the report card, exactness breaks, and the bisection finds it);
 answers that do not load, half-written classes, missing notebooks, Triton-less machines and broken phase tables
 are rows of the report, never crashes. Notebooks are loaded once per path (labs.assemble caches them).
@@ -28,7 +29,7 @@ from labs.assemble import (
     stub_functions,
 )
 from labs.course.notebook_format import read_notebook, write_normalized
-from labs.course.release import REPO_ROOT
+from labs.course.release import REPO_ROOT, write_release
 from labs.manifest import all_phases
 from mini import LLM, SamplingParams
 
@@ -58,6 +59,12 @@ def solutions() -> EngineParts:
     return assemble(REPO_ROOT / "solutions")
 
 
+@pytest.fixture(scope="module")
+def release_dir(tmp_path_factory) -> Path:
+    """The release as generated from solutions/: never the checkout's phases/, where a learner may be working."""
+    return write_release(tmp_path_factory.mktemp("release"))
+
+
 def test_the_solutions_assemble_into_an_engine_identical_to_the_reference():
     parts = solutions()
     assert len(parts.report) == NUM_COMPONENTS
@@ -70,8 +77,8 @@ def test_the_solutions_assemble_into_an_engine_identical_to_the_reference():
     assert got == reference_tokens()
 
 
-def test_the_untouched_release_is_all_reference_and_runs_like_the_reference():
-    parts = assemble(REPO_ROOT / "phases")
+def test_the_untouched_release_is_all_reference_and_runs_like_the_reference(release_dir):
+    parts = assemble(release_dir)
     assert len(parts.report) == NUM_COMPONENTS
     assert parts.learner == [] and parts.replacements == {}
     for component in parts.report:
@@ -167,7 +174,7 @@ def test_kernel_exercises_are_reference_where_triton_cannot_run(monkeypatch):
     assert {r.outcome for r in card} == {"skipped"}
 
 
-def test_a_broken_phase_table_is_a_row_of_the_report(monkeypatch):
+def test_a_broken_phase_table_is_a_row_of_the_report(monkeypatch, release_dir):
     real = assembly._phase_tables
 
     def with_a_broken_one():
@@ -175,19 +182,19 @@ def test_a_broken_phase_table_is_a_row_of_the_report(monkeypatch):
         return phases, [*broken, ("p99", "SyntaxError: a phase being written")]
 
     monkeypatch.setattr(assembly, "_phase_tables", with_a_broken_one)
-    parts = assembly.assemble(REPO_ROOT / "phases")
+    parts = assembly.assemble(release_dir)
     assert parts.report[-1] == Component("p99", "*", None,
                                          "reference (phase table failed to load: SyntaxError: a phase being written)")
 
 
-def test_solutions_and_release_loaded_in_one_process_keep_their_own_kernels():
+def test_solutions_and_release_loaded_in_one_process_keep_their_own_kernels(release_dir):
     """Each notebook's cells get their own pseudo file names: a Triton kernel reads its source back from them."""
     from labs.checks import p07
 
     if not p07.TRITON_AVAILABLE:
         pytest.skip(p07.kernel_labs_message())
     parts = solutions()
-    assemble(REPO_ROOT / "phases")  # loads the release's stub kernels under the same names
+    assemble(release_dir)  # loads the release's stub kernels under the same names
     card = parts.check(only=["_store_kv_kernel"], time_reference=False)
     assert [r.outcome for r in card] == ["passed"], card
 

@@ -1,5 +1,7 @@
 """`pytest labs/` as a learner runs it (in a subprocess): the untouched release fails every exercise with
-"not implemented yet" and nothing errors; a filled-in, broken or wrong cell changes only its exercise.
+"not implemented yet" and nothing errors; a filled-in, broken or wrong cell changes only its exercise. The
+notebooks graded are the release as generated into a temporary folder, not the checkout's phases/ (where a
+learner's answers live); `-k` selects an exercise by its name or its snake_case name.
 
 (`pytest labs/ --reference`, the solutions passing every lab, is part of the project's test command
 itself: `pytest tests labs --reference`.)"""
@@ -13,10 +15,19 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from labs.checks import p02
 from labs.course.notebook_format import read_notebook, write_normalized
-from labs.course.release import REPO_ROOT
+from labs.course.release import REPO_ROOT, write_release
 from labs.manifest import all_phases
+
+
+@pytest.fixture(scope="module")
+def release_dir(tmp_path_factory) -> Path:
+    """The release as generated from solutions/ (what a fresh clone's phases/ holds). Never the checkout's
+    phases/: a learner works there, and their answers must not fail the project's tests."""
+    return write_release(tmp_path_factory.mktemp("release"))
 
 
 def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
@@ -49,25 +60,25 @@ def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
     return outcomes
 
 
-def test_untouched_release_fails_every_lab_with_not_implemented(tmp_path):
-    outcomes = run_labs(tmp_path, "labs/")
+def test_untouched_release_fails_every_lab_with_not_implemented(tmp_path, release_dir):
+    outcomes = run_labs(tmp_path, "labs/", "--notebooks", str(release_dir))
     assert len(outcomes) == sum(len(phase.exercises) for phase in all_phases())
     for name, (outcome, message) in outcomes.items():
         assert outcome == "failed", (name, outcome, message)
         assert "not implemented yet" in message, (name, message)
 
 
-def _phase_copy(tmp_path: Path, assignment_id: str) -> Path:
+def _phase_copy(tmp_path: Path, release_dir: Path, assignment_id: str) -> Path:
     target = tmp_path / "notebooks" / assignment_id
-    shutil.copytree(REPO_ROOT / "phases" / assignment_id, target)
+    shutil.copytree(release_dir / assignment_id, target)
     return target / f"{assignment_id}.ipynb"
 
 
-def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path):
+def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path, release_dir):
     assignment_id = "02_slot_mapping"
     solution = read_notebook(REPO_ROOT / "solutions" / assignment_id / f"{assignment_id}.ipynb")
     solved = {c.id: c.source for c in solution.cells}
-    path = _phase_copy(tmp_path, assignment_id)
+    path = _phase_copy(tmp_path, release_dir, assignment_id)
     notebook = read_notebook(path)
     for cell in notebook.cells:
         if cell.id == "answer-slot-mapping":  # exercise 3 filled in
@@ -101,11 +112,11 @@ def test_filled_broken_and_wrong_cells_change_only_their_exercises(tmp_path):
         assert expected in message, message
 
 
-def test_phases_a_student_did_not_submit_are_skipped_as_not_submitted(tmp_path):
+def test_phases_a_student_did_not_submit_are_skipped_as_not_submitted(tmp_path, release_dir):
     """`pytest labs/ --notebooks submitted/<student>`: a phase missing from the folder is skipped ("not
     submitted"), not failed; a submitted phase is graded as usual."""
     student = tmp_path / "submitted" / "ada"
-    shutil.copytree(REPO_ROOT / "phases" / "02_slot_mapping", student / "02_slot_mapping")
+    shutil.copytree(release_dir / "02_slot_mapping", student / "02_slot_mapping")
     outcomes = run_labs(tmp_path, "labs/", "-k", "01_paged_kv or 02_slot_mapping", "--notebooks", str(student))
     graded = {name: value for name, value in outcomes.items() if "02_slot_mapping" in name}
     missing = {name: value for name, value in outcomes.items() if "01_paged_kv" in name}
@@ -115,3 +126,19 @@ def test_phases_a_student_did_not_submit_are_skipped_as_not_submitted(tmp_path):
     for name, (outcome, message) in graded.items():
         assert outcome == "failed" and "not implemented yet" in message, (name, outcome, message)
 
+
+
+def test_k_selects_an_exercise_by_its_name_and_its_snake_case_name():
+    """`pytest labs/ -k free_block_queue` (the check's snake_case name, what a learner types after reading
+    `check_free_block_queue`) and `-k FreeKVCacheBlockQueue` (the test id) both select phase 01's first lab."""
+    exercise = all_phases()[1].exercise("FreeKVCacheBlockQueue")
+    assert {"free_block_queue", "free_kv_cache_block_queue", "test-free-block-queue"} <= set(exercise.keywords)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    for keyword in ("free_block_queue", "FreeKVCacheBlockQueue", "free_kv_cache_block_queue"):
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "labs/", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", keyword],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        )
+        selected = [line for line in result.stdout.splitlines() if "::test_exercise[" in line]
+        assert selected == ["labs/test_labs.py::test_exercise[01_paged_kv::FreeKVCacheBlockQueue]"], (
+            keyword, result.stdout[-2000:])

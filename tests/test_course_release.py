@@ -15,7 +15,15 @@ import pytest
 
 from labs.course.answers import defined_names, load_answers
 from labs.course.notebook_format import KERNELSPEC, notebook_text, read_notebook
-from labs.course.release import REPO_ROOT, find_drift, generated_files, list_assignments, release
+from labs.course.release import (
+    REPO_ROOT,
+    CourseToolsMissing,
+    find_drift,
+    generated_files,
+    list_assignments,
+    release,
+    write_release,
+)
 
 ASSIGNMENTS = list_assignments()
 PARTS = ("## 1. Deep dive", "## 2. Mini build", "## 3. Lab", "## 4. Plug it in", "## 5. Checklist")
@@ -110,13 +118,12 @@ def test_release_notebook_has_no_solutions(generated, assignment_id):
     assert notebook.metadata.kernelspec.name == "python3"
 
 
-def test_drift_is_detected_and_release_repairs_it(tmp_path):
+def test_drift_is_detected_and_release_repairs_it(tmp_path, generated):
     from labs.course.__main__ import main
 
     assignment_id = "01_paged_kv"
-    for side in ("solutions", "phases"):
-        shutil.copytree(REPO_ROOT / side / assignment_id, tmp_path / side / assignment_id)
-    learner = tmp_path / "phases" / assignment_id / f"{assignment_id}.ipynb"
+    relative = f"phases/{assignment_id}/{assignment_id}.ipynb"
+    learner = _course_copy(tmp_path, assignment_id, generated)  # the release as generated, not the checkout's
     notebook = read_notebook(learner)
     notebook.cells[0].source += "\nhand edit"
     learner.write_text(notebook_text(notebook), encoding="utf-8")
@@ -125,20 +132,34 @@ def test_drift_is_detected_and_release_repairs_it(tmp_path):
     (tmp_path / "phases" / "99_gone" / "99_gone.ipynb").write_text("{}")
 
     drift = find_drift(tmp_path)
-    assert drift.changed == [f"phases/{assignment_id}/{assignment_id}.ipynb"]
+    assert drift.changed == [f"{relative} (cell 'intro': source differs from the release)"]
     assert drift.extra == [f"phases/{assignment_id}/stale.txt", "phases/99_gone/99_gone.ipynb"]
     assert "python -m labs.course release" in drift.describe()
+    assert main(["check", assignment_id, "--root", str(tmp_path)]) == 1
 
     messages = release(tmp_path)
     assert find_drift(tmp_path).is_clean()
-    assert (
-        learner.read_bytes() == (REPO_ROOT / "phases" / assignment_id / f"{assignment_id}.ipynb").read_bytes()
-    )
+    assert learner.read_bytes() == generated[relative]
     deleted = [m for m in messages if "stale.txt (deleted; a copy is in backups/" in m]
     assert deleted, messages  # nothing release deletes is lost either
     backup = tmp_path / deleted[0].split("a copy is in ")[1].rstrip(")")
     assert backup.read_text() == "left over"
-    assert main(["check", assignment_id]) == 0
+    assert main(["check", assignment_id, "--root", str(tmp_path)]) == 0
+
+
+def test_release_without_the_course_environment_says_how_to_run_it(monkeypatch, tmp_path, capsys):
+    """`python -m labs.course check` with the alembic command nowhere to be found (not the course's Python, or
+    no venv activated and none beside it): a sentence saying how to run it, not nbgrader's FileNotFoundError."""
+    from labs.course import release as release_module
+    from labs.course.__main__ import main
+
+    monkeypatch.setattr(release_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(release_module.sys, "executable", str(tmp_path / "bin" / "python"))
+    with pytest.raises(CourseToolsMissing, match=r"\. \.venv/bin/activate"):
+        generated_files(["01_paged_kv"])
+    assert main(["check", "01_paged_kv"]) == 2
+    error = capsys.readouterr().err
+    assert "alembic" in error and ". .venv/bin/activate" in error and ".venv/bin/python -m labs.course" in error
 
 
 # ---------------------------------------------------------------- a learner's work in phases/ is safe
@@ -149,9 +170,10 @@ JUPYTERLAB_LANGUAGE_INFO = {
 }
 
 
-def _course_copy(tmp_path: Path, assignment_id: str) -> Path:
-    for side in ("solutions", "phases"):
-        shutil.copytree(REPO_ROOT / side / assignment_id, tmp_path / side / assignment_id)
+def _course_copy(tmp_path: Path, assignment_id: str, generated: dict[str, bytes]) -> Path:
+    """solutions/ of one phase and its release AS GENERATED (the checkout's phases/ may hold a learner's work)."""
+    shutil.copytree(REPO_ROOT / "solutions" / assignment_id, tmp_path / "solutions" / assignment_id)
+    write_release(tmp_path, expected={k: v for k, v in generated.items() if k.startswith(f"phases/{assignment_id}/")})
     return tmp_path / "phases" / assignment_id / f"{assignment_id}.ipynb"
 
 
@@ -184,15 +206,18 @@ def _solutions(assignment_id: str) -> dict[str, str]:
             for c in notebook.cells if c.metadata.get("nbgrader", {}).get("solution")}
 
 
-def test_a_notebook_saved_by_jupyterlab_with_answers_survives_check_and_release(tmp_path):
+def test_a_notebook_saved_by_jupyterlab_with_answers_survives_check_and_release(tmp_path, generated):
     assignment_id = "02_slot_mapping"
-    learner = _course_copy(tmp_path, assignment_id)
+    learner = _course_copy(tmp_path, assignment_id, generated)
     answers = dict(list(_solutions(assignment_id).items())[:2])  # two of the exercises done
     _work_as_in_jupyterlab(learner, answers)
     saved = learner.read_bytes()
 
     drift = find_drift(tmp_path, [assignment_id])  # kernel metadata, outputs, answers: not drift
     assert drift.is_clean(), drift.describe()
+    (work,) = drift.learner_work  # but named, so a learner sees check understood their notebook
+    assert "2 answer(s) filled in" in work and "1 cell(s) added" in work and "outputs" in work, work
+    assert "your work (not drift)" in drift.describe()
     assert release(tmp_path, [assignment_id]) == []  # nothing to release: the notebook is left alone
     assert learner.read_bytes() == saved
 
@@ -203,9 +228,9 @@ def test_a_notebook_saved_by_jupyterlab_with_answers_survives_check_and_release(
     assert not (tmp_path / "backups").exists()
 
 
-def test_release_carries_the_answers_into_a_changed_phase_and_backs_up_the_old_notebook(tmp_path):
+def test_release_carries_the_answers_into_a_changed_phase_and_backs_up_the_old_notebook(tmp_path, generated):
     assignment_id = "02_slot_mapping"
-    learner = _course_copy(tmp_path, assignment_id)
+    learner = _course_copy(tmp_path, assignment_id, generated)
     answers = _solutions(assignment_id)
     _work_as_in_jupyterlab(learner, answers)
     saved = learner.read_bytes()
@@ -215,7 +240,8 @@ def test_release_carries_the_answers_into_a_changed_phase_and_backs_up_the_old_n
     source_path.write_text(notebook_text(source), encoding="utf-8")
 
     drift = find_drift(tmp_path, [assignment_id])
-    assert drift.changed == [f"phases/{assignment_id}/{assignment_id}.ipynb"]
+    assert drift.changed == [(f"phases/{assignment_id}/{assignment_id}.ipynb (cell 'intro': source differs "
+                              "from the release)")]
     assert "answers are carried over" in drift.describe()
 
     (message,) = release(tmp_path, [assignment_id])
@@ -231,6 +257,61 @@ def test_release_carries_the_answers_into_a_changed_phase_and_backs_up_the_old_n
     assert kept == answers
     assert find_drift(tmp_path, [assignment_id]).is_clean()
     assert release(tmp_path, [assignment_id]) == []  # a second release changes nothing
+
+
+def _open_in_jupyterlab(path: Path, answers: dict[str, str]) -> None:
+    """What opening a notebook in JupyterLab and filling an answer does to the file: its kernelspec (the
+    installed kernel's display name) and language_info rewritten, the answer cells' sources replaced."""
+    notebook = read_notebook(path)
+    notebook.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                       "name": "python3"}
+    notebook.metadata["language_info"] = JUPYTERLAB_LANGUAGE_INFO
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def test_a_learners_work_in_phases_never_fails_the_tests_of_the_release(tmp_path, generated):
+    """Issue 26: one answer filled in and the metadata rewritten the JupyterLab way, in a COPY of phases/. `check` calls it the learner's work, not drift; `release` leaves it alone; and what the release
+    tests grade and assemble (`write_release`: the release as generated) is still all stubs, all reference."""
+    from labs import assemble
+    from labs.checks.common import NotImplementedYet
+    from labs.course.__main__ import main
+
+    assignment_id = "01_paged_kv"
+    course = tmp_path / "course"
+    ours = {k: v for k, v in generated.items() if k.startswith(f"phases/{assignment_id}/")}
+    shutil.copytree(REPO_ROOT / "solutions" / assignment_id, course / "solutions" / assignment_id)
+    write_release(course, expected=ours)  # a copy of phases/ as released, then the learner opens it in JupyterLab
+    learner = course / "phases" / assignment_id / f"{assignment_id}.ipynb"
+    _open_in_jupyterlab(learner, {"answer-get-new-blocks": _solutions(assignment_id)["answer-get-new-blocks"]})
+    saved = learner.read_bytes()
+
+    drift = find_drift(course, [assignment_id], expected=ours)
+    assert drift.is_clean(), drift.describe()
+    assert any(w.startswith(f"phases/{assignment_id}/") and "answer-get-new-blocks" in w and "metadata" in w
+               for w in drift.learner_work), drift.learner_work
+    assert main(["check", assignment_id, "--root", str(course)]) == 0
+    assert release(course, [assignment_id]) == [] and learner.read_bytes() == saved
+
+    released = write_release(tmp_path / "release", [assignment_id], root=course)  # what the release tests grade
+    for relative, content in ours.items():
+        assert (released.parent / relative).read_bytes() == content, relative
+    graded = load_answers(released / assignment_id / f"{assignment_id}.ipynb")
+    from labs.checks import p01
+
+    for exercise in p01.PHASE.exercises:  # the untouched release: every lab "not implemented yet"
+        with pytest.raises(NotImplementedYet, match="not implemented yet"):
+            exercise.check(graded.get(exercise.name), seeds=range(1))
+    parts = assemble(released)  # and it assembles into the reference engine
+    mine = [c for c in parts.report if c.exercise in {e.name for e in p01.PHASE.exercises}]
+    assert mine and all(c.status == "reference (untouched)" for c in mine), mine
+    assert parts.learner == []
+
+    learners_parts = assemble(course / "phases")  # while the learner's copy has their answer plugged
+    assert [c.exercise for c in learners_parts.learner] == ["get_new_blocks"]
 
 
 def test_notebook_kernelspec_is_the_kernel_setup_installs():

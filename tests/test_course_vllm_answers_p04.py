@@ -5,9 +5,9 @@
 * `apply_rotary`: `ApplyRotaryEmb.forward_static` (vllm/model_executor/layers/rotary_embedding/common.py),
   what `RotaryEmbedding.forward_native` runs on the rotated part of each head. vLLM's cos/sin carry
   head_size // 2 columns; the lab's carry transformers' duplicated halves, so the wrapper passes the first half.
-* `compute_logits_indices` is inline in `GPUModelRunner._prepare_inputs` (`query_start_loc[1:] - 1`);
-  `build_attention_metadata`, `run_model` and `update_states` mirror methods of `GPUModelRunner` that need a
-  GPU runner, so none of them runs here.
+* `build_attention_metadata`, `run_model` and `update_states` mirror methods of `GPUModelRunner` that need a
+  GPU runner, so none of them runs here. (`logits_indices`, inline in `GPUModelRunner._prepare_inputs`, is
+  no exercise of its own: phase 02's `prepare_inputs` computes it.)
 """
 
 import torch

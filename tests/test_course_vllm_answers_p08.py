@@ -9,6 +9,8 @@ Read from `$MINI_VLLM_SOURCE` (skipped without it); adapted only in their call s
   input batch hands it `k = vocab_size` for a row without top-k, and `k = None` / `p = None` when no row
   of the batch uses top-k / top-p (`InputBatch.no_top_k`, `no_top_p`); the wrapper does the same.
 * `random_sample` (same file): as is (`use_fp64_gumbel` at its default, False).
+* `apply_bad_words` (vllm/v1/sample/ops/bad_words.py): as is; it edits the logits in place and returns
+  None, which the check accepts (it then reads the tensor it passed).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from course_fidelity import vllm_definition
 
 from labs.checks.p08 import (
+    check_apply_bad_words,
     check_apply_temperature,
     check_apply_top_k_top_p,
     check_gather_logprobs,
@@ -27,6 +30,7 @@ from mini.sampling_params import SAMPLING_EPS
 
 SAMPLER = "vllm/v1/sample/sampler.py"
 TOPK_TOPP = "vllm/v1/sample/ops/topk_topp_sampler.py"
+BAD_WORDS = "vllm/v1/sample/ops/bad_words.py"
 
 
 def test_vllm_apply_temperature_passes():
@@ -85,3 +89,9 @@ def test_vllm_random_sample_passes():
         vllm_definition(TOPK_TOPP, helper, namespace)
     random_sample = vllm_definition(TOPK_TOPP, "random_sample", namespace)
     check_random_sample(random_sample)
+
+
+def test_vllm_apply_bad_words_passes():
+    namespace = {"torch": torch, "_SMALLEST_LOGIT": float("-inf")}
+    vllm_definition(BAD_WORDS, "_apply_bad_words_single_batch", namespace)
+    check_apply_bad_words(vllm_definition(BAD_WORDS, "apply_bad_words", namespace))

@@ -5,9 +5,11 @@ Read from `$MINI_VLLM_SOURCE` (skipped without it); adapted only in their call s
   vllm/v1/sample/ops/penalties.py): the same signature as mini's `apply_all_penalties`; its import of
   `vllm._custom_ops.apply_repetition_penalties` is served by vLLM's own PyTorch version
   (`apply_repetition_penalties_torch`, what vLLM runs off CUDA).
-* `process_dict_updates` and `MinTokensLogitsProcessor` (vllm/v1/sample/logits_processor/builtin.py): as is;
-  `async_tensor_h2d` becomes a plain `torch.tensor`, and mini's `LogitsProcessor` base, `BatchUpdate` and
-  `MoveDirectionality` stand in for vLLM's (same fields).
+* `process_dict_updates`, `MinPLogitsProcessor`, `LogitBiasLogitsProcessor` and `MinTokensLogitsProcessor`
+  (vllm/v1/sample/logits_processor/builtin.py): as is; `async_tensor_h2d` becomes a plain `torch.tensor`,
+  and mini's `LogitsProcessor` base, `BatchUpdate` and `MoveDirectionality` stand in for vLLM's (same
+  fields). vLLM's min-p reads `vllm_config.scheduler_config.max_num_seqs`: a subclass hands it mini's
+  `LogitsProcessorConfig.max_num_reqs` under that name.
 * `condense` has no runnable counterpart: vLLM's `InputBatch.condense` (vllm/v1/worker/gpu_input_batch.py)
   moves every per-request array of vLLM's much larger InputBatch (token ids, sampling tensors, ...), which
   mini's InputBatch does not have; the rule it follows (the highest row into the lowest hole) is the same.
@@ -19,10 +21,17 @@ import sys
 import types
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from course_fidelity import vllm_definition
 
-from labs.checks.p09 import check_apply_all_penalties, check_min_tokens_processor, check_process_dict_updates
+from labs.checks.p09 import (
+    check_apply_all_penalties,
+    check_logit_bias_processor,
+    check_min_p_processor,
+    check_min_tokens_processor,
+    check_process_dict_updates,
+)
 from mini.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 from mini.sampling_params import SamplingParams
 
@@ -42,7 +51,7 @@ def test_vllm_apply_penalties_passes(monkeypatch):
 
 
 def builtin_namespace() -> dict:
-    return {"torch": torch, "Sequence": Sequence, "SamplingParams": SamplingParams, "BatchUpdate": BatchUpdate,
+    return {"torch": torch, "np": np, "Sequence": Sequence, "SamplingParams": SamplingParams, "BatchUpdate": BatchUpdate,
             "MoveDirectionality": MoveDirectionality, "LogitsProcessor": LogitsProcessor, "T": object,
             "async_tensor_h2d": lambda data, device=None, dtype=None: torch.tensor(data, device=device,
                                                                                     dtype=dtype)}
@@ -58,3 +67,20 @@ def test_vllm_min_tokens_logits_processor_passes():
     vllm_definition(BUILTIN, "process_dict_updates", namespace)
     processor_class = vllm_definition(BUILTIN, "MinTokensLogitsProcessor", namespace)
     check_min_tokens_processor(processor_class)
+
+
+def test_vllm_min_p_logits_processor_passes():
+    processor_class = vllm_definition(BUILTIN, "MinPLogitsProcessor", builtin_namespace())
+
+    class MinPLogitsProcessor(processor_class):   # vLLM's VllmConfig names the batch size max_num_seqs
+        def __init__(self, vllm_config, device, is_pin_memory):
+            config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=vllm_config.max_num_reqs))
+            super().__init__(config, device, is_pin_memory)
+
+    check_min_p_processor(MinPLogitsProcessor)
+
+
+def test_vllm_logit_bias_logits_processor_passes():
+    namespace = builtin_namespace()
+    vllm_definition(BUILTIN, "process_dict_updates", namespace)
+    check_logit_bias_processor(vllm_definition(BUILTIN, "LogitBiasLogitsProcessor", namespace))

@@ -14,9 +14,17 @@
   `triton_kernel_dispatcher_with_warmup` does (grid and constexprs from vLLM's own wrapper).
 * `compute_residual_probs` has no vLLM counterpart to run: vLLM's kernel never normalises the residual (it
   races `max(0, p - q)` against exponentials with an argmax), and there is no pure-PyTorch version.
-* `rollback_spec_tokens` is inline code in `Scheduler.update_from_output` (vllm/v1/core/sched/scheduler.py):
-  `num_accepted = max(len(generated_token_ids) - 1, 0)`, `num_rejected = num_draft_tokens - num_accepted`,
-  applied only when the step returned a token; no function of its own to run.
+* `prepare_eagle_inputs`: vLLM's own `SpecDecodeBaseProposer.prepare_inputs` (drops the rejected drafts' rows)
+  followed by its `set_inputs_first_pass` (default EAGLE branch: shift the ids, the next token last), both
+  from vllm/v1/spec_decode/llm_base_proposer.py, called on a stand-in `self` that holds only the buffers they
+  write. Call shape: a `CommonAttentionMetadata` stand-in (a namespace of the fields they read), the emitted
+  tokens as lists of `num_sampled_tokens[b]` dummy ids, and the four outputs read back from what they return
+  and write (`input_ids` / `positions` buffers, `token_indices`, `token_indices_to_sample`).
+* `compute_draft_slots`: vLLM's `eagle_step_slot_mapping_metadata_kernel` (vllm/v1/spec_decode/utils.py), under
+  Triton's interpreter, launched once per further pass with one program per request, as
+  `eagle_step_update_slot_mapping_and_metadata` launches it. Call shape: pass j gets the position before it,
+  `last + j` (vLLM's loop feeds the kernel its own clamped output instead, which only differs after a position
+  went past max_model_len: the request then ends, and mini keeps the later passes padded).
 """
 
 from types import SimpleNamespace
@@ -104,3 +112,82 @@ def vllm_rejection_sample():
 @pytest.mark.slow
 def test_vllm_rejection_sampler_passes_check_rejection_sample():
     check_of(PHASE, "rejection_sample")(vllm_rejection_sample())
+
+
+# ---- prepare_eagle_inputs: vLLM's prepare_inputs + set_inputs_first_pass, on a stand-in proposer
+LBP = "vllm/v1/spec_decode/llm_base_proposer.py"
+
+
+def vllm_prepare_eagle_inputs():
+    import torch
+
+    def to_device(values, device):
+        return torch.as_tensor(values).to(device)
+
+    namespace = {"np": np, "torch": torch, "PIN_MEMORY": False, "async_tensor_h2d": to_device,
+                 "CommonAttentionMetadata": SimpleNamespace}
+    # the class body needs all of vLLM: its two methods are compiled one by one, `self` is a stand-in
+    prepare_inputs = vllm_definition(LBP, "SpecDecodeBaseProposer.prepare_inputs", dict(namespace))
+    set_inputs_first_pass = vllm_definition(LBP, "SpecDecodeBaseProposer.set_inputs_first_pass", dict(namespace))
+
+    def mini_shaped(target_token_ids, target_positions, query_start_loc, num_draft_tokens, num_sampled_tokens,
+                    next_token_ids):
+        num_tokens = int(target_token_ids.shape[0])
+        positions_buffer = torch.zeros(num_tokens + 8, dtype=torch.int64)
+        proposer = SimpleNamespace(
+            token_arange_np=np.arange(num_tokens + 8), use_heterogeneous_vocab=False, needs_extra_input_slots=False,
+            input_ids=torch.zeros(num_tokens + 8, dtype=torch.int64), hidden_states=torch.zeros(num_tokens + 8, 1),
+            _set_positions=lambda n, positions: positions_buffer[:n].copy_(positions))
+        counts = query_start_loc[1:] - query_start_loc[:-1]
+        start_positions = torch.tensor([int(target_positions[int(s)]) for s in query_start_loc[:-1]],
+                                       dtype=torch.int32)
+        cad = SimpleNamespace(
+            query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(),
+            seq_lens_cpu_upper_bound=(start_positions + counts).to(torch.int32), num_reqs=len(num_draft_tokens),
+            slot_mapping=torch.arange(num_tokens), block_table_tensor=None, dcp_local_seq_lens=None)
+        sampled = [[0] * s for s in num_sampled_tokens]
+        spec_cad, token_indices = prepare_inputs(proposer, cad, sampled, list(num_draft_tokens))
+        kept = int(token_indices.shape[0])
+        _, token_indices_to_sample, _ = set_inputs_first_pass(
+            proposer, target_token_ids=target_token_ids[token_indices], next_token_ids=next_token_ids,
+            target_positions=target_positions[token_indices], target_hidden_states=torch.zeros(kept, 1),
+            token_indices_to_sample=None, cad=spec_cad, num_rejected_tokens_gpu=None)
+        return (proposer.input_ids[:kept].clone(), positions_buffer[:kept].clone(),
+                torch.as_tensor(token_indices, dtype=torch.int64), token_indices_to_sample.to(torch.int64))
+
+    return mini_shaped
+
+
+def test_vllm_prepare_inputs_and_first_pass_pass_check_prepare_eagle_inputs():
+    check_of(PHASE, "prepare_eagle_inputs")(vllm_prepare_eagle_inputs())
+
+
+# ---- compute_draft_slots: vLLM's eagle_step_slot_mapping_metadata_kernel, one launch per pass
+def vllm_compute_draft_slots():
+    import torch
+    from course_vllm_kernels import interpreted_triton, vllm_kernel
+
+    interpreted_triton()
+    kernel = vllm_kernel("vllm/v1/spec_decode/utils.py", "eagle_step_slot_mapping_metadata_kernel")
+
+    def compute_draft_slots(last_positions, block_table, block_size, num_steps, max_model_len):
+        batch = int(last_positions.shape[0])
+        positions = torch.zeros(batch, num_steps, dtype=torch.int64)
+        slots = torch.zeros(batch, num_steps, dtype=torch.int64)
+        table = block_table.contiguous()
+        for step in range(num_steps):
+            out_positions = torch.zeros(batch, dtype=torch.int64)
+            out_slots = torch.zeros(batch, dtype=torch.int64)
+            seq_lens = torch.zeros(batch, dtype=torch.int32)
+            kernel[(batch,)](last_positions.to(torch.int64) + step, table, table.stride(0), seq_lens, out_positions,
+                             out_slots, block_size=block_size, max_model_len=max_model_len,
+                             n_blocks_per_req=table.shape[1], PAD_ID=-1, batch_size=batch)
+            positions[:, step], slots[:, step] = out_positions, out_slots
+        return positions, slots
+
+    return compute_draft_slots
+
+
+@pytest.mark.slow
+def test_vllm_eagle_step_kernel_passes_check_compute_draft_slots():
+    check_of(PHASE, "compute_draft_slots")(vllm_compute_draft_slots(), seeds=range(10))

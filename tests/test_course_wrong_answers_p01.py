@@ -146,6 +146,15 @@ def free_blocks(self, ordered_blocks):
                 "    if num_to_allocate > self.block_pool.get_num_free_blocks():")),
     Wrong("allocate_slots", "returns every block of the request", expect="NEW blocks",
           edit=("    return new_blocks\n", "    return blocks\n")),
+    # ---- issue 26: the state comparisons name the first differing entry, not two whole dicts
+    Wrong("free_blocks", "cached blocks to the head too", expect="first difference at ['free_queue'][",
+          edit=("            if block.block_hash is None or not self.enable_caching:", "            if True:")),
+    Wrong("allocate_slots", "touches the hits twice", expect="first difference at ['ref_cnts'][",
+          edit=("        self.block_pool.touch(new_computed_blocks)\n",
+                "        self.block_pool.touch(new_computed_blocks)\n        self.block_pool.touch(new_computed_blocks)\n")),
+    Wrong("FreeKVCacheBlockQueue", "append_n adds at the head", expect="first difference at ['free queue (head",
+          edit=("        for block in blocks:\n            self.append(block)",
+                "        self.prepend_n(list(blocks))")),
 ]
 
 

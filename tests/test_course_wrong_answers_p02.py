@@ -59,6 +59,13 @@ WRONG = [
           edit=("return block_numbers * block_size + positions % block_size",
                 "return (block_numbers * block_size + positions % block_size).int()"),
           expect="dtype"),
+    Wrong("compute_positions", "positions start at 1", edit=("return computed[req_indices] + offsets",
+                                                             "return computed[req_indices] + offsets + 1"),
+          expect="first difference at [0]: expected 0, got 1"),
+    Wrong("compute_slot_mapping", "every token read from request 0's row",
+          edit=("block_table[req_indices.long(), positions // block_size]",
+                "block_table[0, positions // block_size]"),
+          expect="first difference at [5]: expected 12, got 4"),
     Wrong("prepare_inputs", "input ids are the last n tokens",
           edit=("for token in tokens[start:start + count]", "for token in tokens[-count:]"),
           expect="prepare_inputs(...).input_ids"),
@@ -75,3 +82,15 @@ WRONG = [
 @pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("02_slot_mapping", WRONG))
 def test_wrong_answer_fails_its_check(assignment_id, wrong):
     assert_wrong_fails(assignment_id, wrong)
+
+
+def test_a_failing_plug_names_the_request_and_the_first_differing_token():
+    """Phases 02-05's "Plug it in" cells compare with expect_same_tokens: never a bare AssertionError."""
+    from labs.checks.p02 import expect_same_tokens
+
+    with pytest.raises(AssertionError) as failure:
+        expect_same_tokens({"r0": [1, 2, 3], "r1": [4, 5]}, {"r0": [1, 2, 3], "r1": [4, 6]}, "the engine")
+    assert "r1 generated different tokens from token 1 on; expected [4, 6], got [4, 5]" in str(failure.value)
+    with pytest.raises(AssertionError, match="prompt 0 generated different tokens from token 2"):
+        expect_same_tokens([[1, 2, 3]], [[1, 2, 4]], "the engine")
+    expect_same_tokens([[1, 2]], [[1, 2]], "the engine")

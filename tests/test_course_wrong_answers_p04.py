@@ -13,11 +13,6 @@ def apply_rotary(x, cos, sin):
 '''
 
 WRONG = [
-    Wrong("compute_logits_indices", "each request's first row",
-          edit=("return query_start_loc[1:].long() - 1", "return query_start_loc[:-1].long()"),
-          expect="compute_logits_indices"),
-    Wrong("compute_logits_indices", "int32 indices",
-          edit=("return query_start_loc[1:].long() - 1", "return query_start_loc[1:] - 1"), expect="dtype"),
     Wrong("rms_norm", "no + eps", edit=(".mean(-1, keepdim=True) + eps)", ".mean(-1, keepdim=True))"),
           expect="rms_norm (vs transformers' LlamaRMSNorm)"),
     Wrong("rms_norm", "weight applied before the cast back",
@@ -61,16 +56,24 @@ WRONG = [
     Wrong("update_states", "keeps running rows the scheduler did not schedule",
           edit=("        if req_id not in scheduler_output.num_scheduled_tokens:\n            batch.remove_request(req_id)",
                 "        if req_id not in scheduler_output.num_scheduled_tokens:\n            pass"),
-          expect="rows"),
+          expect="a running request the scheduler left out of this step leaves its row"),
     Wrong("update_states", "adds cached requests before new ones",
           edit=("    for state in to_add:\n", ("    for state in sorted(to_add, key=lambda s: s.req_id in "
                                                "{n.req_id for n in scheduler_output.scheduled_new_reqs}):\n")),
-          expect="rows"),
+          expect="this step's new requests first"),
     Wrong("update_states", "replaces block ids instead of extending them",
           edit=("state.block_ids.extend(new_block_ids)", "state.block_ids = list(new_block_ids)"),
-          expect="requests"),
+          expect="new_block_ids EXTEND its block_ids"),
     Wrong("update_states", "forgets to condense",
-          edit=("    batch.condense()\n", "\n"), expect="rows"),
+          edit=("    batch.condense()\n", "\n"), expect="condense() so that rows"),
+    Wrong("update_states", "a running request left out of the step loses its state",
+          edit=("        if req_id not in scheduler_output.num_scheduled_tokens:\n            batch.remove_request(req_id)",
+                ("        if req_id not in scheduler_output.num_scheduled_tokens:\n            batch.remove_request(req_id)"
+                 "\n            self.requests.pop(req_id)")),
+          expect="keeps its CachedRequestState"),
+    Wrong("update_states", "batch update never passed to the logits processors",
+          edit=("    self.logitsprocs.update_state(batch.get_batch_update())\n", "\n"),
+          expect="(the BatchUpdate lists the rows added, removed and moved this step)"),
 ]
 
 

@@ -45,42 +45,45 @@ WRONG = [
           edit=("return running[-1]", "return running[0]"), expect="END of running"),
     Wrong("select_preemption_victim", "FCFS victim popped off running",
           edit=("return running[-1]", "return running.pop()"), expect="the running list after the call"),
-    # ---- schedule
+    # ---- schedule: each wrong answer fails at the first step where the runs part, with the RULE that step
+    # exercises (labs/checks/p05.py::rule_hint), not a generic recipe
     Wrong("schedule", "undoes a scheduled victim without uncache_uncomputed_blocks",
           edit=("                manager.uncache_uncomputed_blocks(victim)\n", ""),
           expect=f"step 2 {FIRST_PART}: after update_from_output, scheduler prefix-cached block ids"),
     Wrong("schedule", "threshold applied to a lone request",
           edit=(THRESHOLD_RULE, "threshold = self.long_prefill_token_threshold"),
-          expect=f"step 0 {FIRST_PART}: SchedulerOutput.num_scheduled_tokens"),
+          expect="RULE: a lone request has nobody to starve"),
     Wrong("schedule", "threshold never applied",
-          edit=(THRESHOLD_RULE, "threshold = 0"), expect=f"step 0 {FIRST_PART}"),
+          edit=(THRESHOLD_RULE, "threshold = 0"),
+          expect="RULE: long_prefill_token_threshold caps every request's tokens"),
     Wrong("schedule", "priority self-preemption ends the running pass",
           edit=("                continue  # the more important ones after it may fit;",
                 "                break  # the more important ones after it may fit;"),
-          expect=f"step 2 {FIRST_PART}: SchedulerOutput.num_scheduled_tokens"),
+          expect="RULE: a request that preempts itself"),
     Wrong("schedule", "scheduled victim's tokens not given back to the budget",
           edit=("token_budget += num_scheduled_tokens.pop(victim.request_id)",
                 "num_scheduled_tokens.pop(victim.request_id)"),
-          expect=FIRST_PART),
+          expect="its tokens go back to the token budget"),
     Wrong("schedule", "scheduled victim left in the step",
           edit=("            if victim in scheduled_running:  # (priority policy) undo its place in this step first",
                 "            if False:"),
-          expect=FIRST_PART),
+          expect="RULE: a victim already scheduled in this step (PRIORITY) is undone"),
     Wrong("schedule", "waiting requests admitted in a step with a preemption",
-          edit=("while (not preempted and self.waiting", "while (self.waiting"), expect=FIRST_PART),
+          edit=("while (not preempted and self.waiting", "while (self.waiting"),
+          expect="RULE: no admission after a preemption"),
     Wrong("schedule", "waiting request ignores its prefix-cache hits",
           edit=("hit_blocks, num_hit_tokens = manager.get_computed_blocks(request)",
                 "hit_blocks, num_hit_tokens = [], 0"),
-          expect=FIRST_PART),
+          expect="RULE: a waiting request starts after its prefix-cache hits"),
     Wrong("schedule", "num_computed_tokens not advanced after scheduling",
           edit=("        self.requests[request_id].num_computed_tokens += num_tokens\n",
                 "        pass\n"),
-          expect=f"step 0 {FIRST_PART}"),
+          expect="RULE: after building the output, advance each scheduled request's num_computed_tokens"),
     Wrong("schedule", "prompt length instead of num_tokens for a resumed request",
           edit=("            request.num_tokens, num_hit_tokens, token_budget, threshold, self.max_request_len)",
                 ("            request.num_prompt_tokens, num_hit_tokens, token_budget, threshold,"
                 " self.max_request_len)")),
-          expect=FIRST_PART),
+          expect="num_tokens counts the prompt AND its outputs"),
     Wrong("schedule", "prefix-cache lookup never counted",
           edit=("        manager.record_prefix_cache_stats(request, num_hit_tokens)  # one lookup per admission\n", ""),
           expect="scheduler prefix-cache stats"),
@@ -88,14 +91,42 @@ WRONG = [
           edit=("        hit_blocks, num_hit_tokens = manager.get_computed_blocks(request)\n",
                 ("        hit_blocks, num_hit_tokens = manager.get_computed_blocks(request)\n"
                 "        manager.record_prefix_cache_stats(request, num_hit_tokens)\n")),
-          expect="scheduler prefix-cache stats"),
+          expect="count a request's prefix-cache lookup once, when it is admitted"),
     Wrong("schedule", "enable_chunked_prefill ignored",
           edit=("if not self.enable_chunked_prefill and request.num_tokens - num_hit_tokens > token_budget:",
                 "if False:"),
-          expect=FIRST_PART),
+          expect="RULE: without chunked prefill a waiting prompt"),
+    Wrong("schedule", "victim is always the head of running",
+          edit=("victim = self.select_preemption_victim(self.running, self.policy)", "victim = self.running[0]"),
+          expect="RULE: the victim is self.select_preemption_victim"),
+    Wrong("schedule", "max_num_seqs ignored when admitting",
+          edit=("           and len(self.running) < self.max_num_running_reqs):", "           ):"),
+          expect="len(self.running) < max_num_seqs"),
+    Wrong("schedule", "the decisions per step are shown up to the first difference",
+          edit=("while (not preempted and self.waiting", "while (self.waiting"),
+          expect="<- first difference"),
 ]
 
 
 @pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("05_scheduler", WRONG))
 def test_wrong_answer_fails_its_check(assignment_id, wrong):
     assert_wrong_fails(assignment_id, wrong)
+
+
+def test_a_failing_plug_names_the_step_the_request_and_expected_vs_got():
+    """The "Plug it in" cell compares timelines with expect_same_timeline: never a bare AssertionError."""
+    from types import SimpleNamespace
+
+    from labs.checks.p05 import expect_same_timeline
+
+    def step(index, counts, preempted=()):
+        return SimpleNamespace(step=index, num_scheduled_tokens=counts, preempted=list(preempted), finished=[])
+
+    reference = SimpleNamespace(steps=[step(1, {"r0": 8, "r1": 3}), step(2, {"r0": 6, "r1": 1}, ["r2"])])
+    mine = SimpleNamespace(steps=[step(1, {"r0": 8, "r1": 3}), step(2, {"r0": 6, "r1": 1, "r3": 5}, ["r2"])])
+    with pytest.raises(AssertionError) as failure:
+        expect_same_timeline(mine, reference)
+    message = str(failure.value)
+    assert "engine step 2" in message and "['r3']" in message
+    assert "expected {'r0': 6, 'r1': 1}" in message and "got {'r0': 6, 'r1': 1, 'r3': 5}" in message
+    expect_same_timeline(reference, reference)

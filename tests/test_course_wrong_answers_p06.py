@@ -126,6 +126,66 @@ WRONG = [
     Wrong("step", "pending outputs after the new ones",
           edit=("    return outputs + request_outputs", "    return request_outputs + outputs"),
           expect="step"),
+    # ParentRequest: the n > 1 fan-out and gather
+    Wrong("ParentRequest", "child id spelled parent_index",
+          edit=('child_id = f"{index}_{self.request_id}"', 'child_id = f"{self.request_id}_{index}"'),
+          expect="child 0: its request id"),
+    Wrong("ParentRequest", "every child gets the parent's seed",
+          edit=("        if params.seed is not None:\n            params.seed += index\n", ""),
+          expect="SamplingParams.seed"),
+    Wrong("ParentRequest", "changes the parent's params instead of a copy",
+          edit=("params = self.sampling_params.clone()", "params = self.sampling_params"),
+          expect="the parent's own SamplingParams after get_child_info(0)"),
+    Wrong("ParentRequest", "the parent finishes when any child finishes",
+          edit=("finished = not self.child_requests", "finished = completion_output.finished()"),
+          expect="LAST child"),
+    Wrong("ParentRequest", "DELTA repeats a child that had already finished",
+          edit=("return ([] if late_duplicate else [completion_output]), finished",
+                "return [completion_output], finished"),
+          expect="already finished"),
+    Wrong("ParentRequest", "FINAL_ONLY shows outputs before the last child finishes",
+          edit=("if kind == RequestOutputKind.FINAL_ONLY and not finished:",
+                "if kind == RequestOutputKind.FINAL_ONLY and not completion_output.finished():"),
+          expect="FINAL_ONLY: show nothing until the LAST child finishes"),
+    # beam_search_step
+    Wrong("beam_search_step", "sorts ascending and reverses (ties come out reversed)",
+          edit=("instance.beams = sorted(candidates, key=score, reverse=True)[:beam_width]",
+                "instance.beams = sorted(candidates, key=score)[::-1][:beam_width]"),
+          expect="ties"),
+    Wrong("beam_search_step", "divides by the whole length, prompt included (older vLLM)",
+          edit=("max(len(beam.logprobs), 1)", "len(beam.tokens)"),
+          expect="NOT the prompt"),
+    Wrong("beam_search_step", "ranks by cum_logprob alone (no length penalty)",
+          edit=("return beam.cum_logprob / (max(len(beam.logprobs), 1) ** length_penalty)",
+                "return beam.cum_logprob"),
+          expect="length_penalty"),
+    Wrong("beam_search_step", "keeps EOS candidates live",
+          edit=(("            if token_id == eos_token_id:\n                instance.completed.append(candidate)\n"
+                 "            else:\n                candidates.append(candidate)"),
+                "            candidates.append(candidate)"),
+          expect="never stays live"),
+    Wrong("beam_search_step", "expands each beam by its top beam_width tokens only",
+          edit=("for token_id, logprob in (logprobs or {}).items():",
+                "for token_id, logprob in list((logprobs or {}).items())[:beam_width]:"),
+          expect="token of its logprobs dict"),
+    Wrong("beam_search_step", "records only the chosen token's logprob",
+          edit=("logprobs=beam.logprobs + [logprobs],", "logprobs=beam.logprobs + [{token_id: logprob}],"),
+          expect="WHOLE logprobs dict"),
+    Wrong("beam_search_step", "extends the parent beam in place",
+          source='''
+          def beam_search_step(instance, beam_logprobs, beam_width, length_penalty, eos_token_id):
+              candidates = []
+              for beam, logprobs in zip(instance.beams, beam_logprobs):
+                  for token_id, logprob in (logprobs or {}).items():
+                      tokens = beam.tokens
+                      tokens.append(token_id)
+                      candidate = BeamSearchSequence(orig_prompt=beam.orig_prompt, tokens=tokens,
+                                                     logprobs=beam.logprobs + [logprobs],
+                                                     cum_logprob=beam.cum_logprob + logprob.logprob)
+                      (instance.completed if token_id == eos_token_id else candidates).append(candidate)
+              key = lambda b: b.cum_logprob / max(len(b.logprobs), 1) ** length_penalty
+              instance.beams = sorted(candidates, key=key, reverse=True)[:beam_width]
+          ''', expect="beam_search_step: instance."),
 ]
 
 

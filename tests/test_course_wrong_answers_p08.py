@@ -16,6 +16,32 @@ WRONG = [
     Wrong("apply_temperature", "divides the columns, not the rows",
           edit=("temperature.to(logits.dtype).unsqueeze(1)", "temperature.to(logits.dtype).mean()"),
           expect="its own temperature"),
+    # apply_bad_words
+    Wrong("apply_bad_words", "bans every token of the word, not only the last",
+          edit=('logits[row, word[-1]] = -float("inf")', 'logits[row, word] = -float("inf")'),
+          expect="ban only the LAST token"),
+    Wrong("apply_bad_words", "prefix compared one token too early (off by one)",
+          edit=("if past[len(past) - len(prefix):] == prefix:",
+                "if past[len(past) - len(prefix) - 1:len(past) - 1] == prefix:"),
+          expect="ENDS with [2, 3]"),
+    Wrong("apply_bad_words", "ignores the prefix: bans every word's last token",
+          edit=("if past[len(past) - len(prefix):] == prefix:", "if True:"),
+          expect="ENDS with the word's other tokens"),
+    Wrong("apply_bad_words", "length guard off by one: a prefix as long as the output never matches",
+          edit=("if len(prefix) > len(past):", "if len(prefix) >= len(past):"),
+          expect="must become -inf"),
+    Wrong("apply_bad_words", "prefix found anywhere in the output, not at its end",
+          source='''
+          def apply_bad_words(logits, bad_words_token_ids, output_token_ids):
+              for row, bad_words in bad_words_token_ids.items():
+                  past = output_token_ids[row]
+                  for word in bad_words:
+                      prefix = word[:-1]
+                      n = len(prefix)
+                      if any(past[i:i + n] == prefix for i in range(len(past) - n + 1)):
+                          logits[row, word[-1]] = -float("inf")
+              return logits
+          ''', expect="ENDS with the word's other tokens"),
     # apply_top_k_top_p
     Wrong("apply_top_k_top_p", "top-p cut with < where the rule is <=",
           edit=("drop = cumulative <= drop_threshold", "drop = cumulative < drop_threshold"),
@@ -79,3 +105,25 @@ WRONG = [
 @pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("08_sampler", WRONG))
 def test_wrong_answer_fails_its_check(assignment_id, wrong):
     assert_wrong_fails(assignment_id, wrong)
+
+
+def _outputs(*token_lists, logprobs=None):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(tokens), logprobs=logprobs)])
+            for tokens in token_lists]
+
+
+def test_a_failing_plug_names_the_request_the_step_and_both_tokens():
+    from labs.checks.p08 import expect_same_generations
+    from mini import SamplingParams
+
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, bad_words=["of the"])]
+    expect_same_generations(["a", "b"], params, _outputs([1, 2], [3, 4, 5]), _outputs([1, 2], [3, 4, 5]))
+    with pytest.raises(AssertionError) as failure:
+        expect_same_generations(["a", "b"], params, _outputs([1, 2], [3, 4, 5]), _outputs([1, 2], [3, 9, 5]))
+    message = str(failure.value)
+    assert "request 1 differs at step 1" in message and "expected: 4" in message and "got:      9" in message
+    assert "bad_words" in message and "'b'" in message
+    with pytest.raises(AssertionError, match="request 0 differs at step 2"):
+        expect_same_generations(["a"], params[:1], _outputs([1, 2, 7]), _outputs([1, 2]))

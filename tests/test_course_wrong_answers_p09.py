@@ -69,6 +69,55 @@ WRONG = [
           expect="None drops a replaced row"),
     Wrong("process_dict_updates", "always reports a change",
           edit=("    return changed\n", "    return True\n"), expect="'changed'"),
+    # MinPLogitsProcessor
+    Wrong("MinPLogitsProcessor", "threshold on the logits, not on the probabilities",
+          edit=("""        probs = rows_logits.softmax(dim=-1)
+""", """        probs = rows_logits.clone()
+"""),
+          expect="PROBABILITIES of each row"),
+    Wrong("MinPLogitsProcessor", "one threshold for the whole batch (the batch's top probability)",
+          edit=("threshold = probs.amax(dim=-1, keepdim=True) * self.min_p", "threshold = probs.amax() * self.min_p"),
+          expect="row's OWN largest"),
+    Wrong("MinPLogitsProcessor", "drops ties with the threshold (<= instead of <)",
+          edit=("masked_fill_(probs < threshold,", "masked_fill_(probs <= threshold,"), expect="strictly less"),
+    Wrong("MinPLogitsProcessor", "threshold min_p alone, not min_p x the top probability",
+          edit=("threshold = probs.amax(dim=-1, keepdim=True) * self.min_p", "threshold = self.min_p"),
+          expect="min_p x the row's OWN largest"),
+    Wrong("MinPLogitsProcessor", "declared not argmax-invariant",
+          edit=("    def is_argmax_invariant(self):\n        ### BEGIN SOLUTION\n        return True",
+                "    def is_argmax_invariant(self):\n        ### BEGIN SOLUTION\n        return False"),
+          expect="argmax-invariant"),
+    Wrong("MinPLogitsProcessor", "a Python loop over rows in apply",
+          edit=("""        rows_logits = logits.index_select(0, self.rows)
+        probs = rows_logits.softmax(dim=-1)
+        threshold = probs.amax(dim=-1, keepdim=True) * self.min_p
+        return logits.index_copy_(0, self.rows, rows_logits.masked_fill_(probs < threshold, -float("inf")))""",
+                """        for row, min_p in self.min_p_by_row.items():
+            probs = logits[row].softmax(dim=-1)
+            logits[row] = logits[row].masked_fill(probs < probs.max() * min_p, -float("inf"))
+        return logits"""),
+          expect="no Python loop over rows"),
+    # LogitBiasLogitsProcessor
+    Wrong("LogitBiasLogitsProcessor", "sets the logit to the bias instead of adding it",
+          edit=("accumulate=True)", "accumulate=False)"), expect="ADD (not set)"),
+    Wrong("LogitBiasLogitsProcessor", "follows only the adds (a finished or moved request's bias stays behind)",
+          edit=("""        if lp_state.process_dict_updates(self.bias_by_row, batch_update, new_state):""",
+                """        if batch_update is not None and batch_update.added:
+            for row, params, prompt_ids, output_ids in batch_update.added:
+                if new_state(params, prompt_ids, output_ids) is not None:
+                    self.bias_by_row[row] = new_state(params, prompt_ids, output_ids)"""),
+          expect="removes -> adds -> moves"),
+    Wrong("LogitBiasLogitsProcessor", "declared argmax-invariant",
+          edit=("    def is_argmax_invariant(self):\n        ### BEGIN SOLUTION\n        return False",
+                "    def is_argmax_invariant(self):\n        ### BEGIN SOLUTION\n        return True"),
+          expect="NOT argmax-invariant"),
+    Wrong("LogitBiasLogitsProcessor", "a Python loop over rows in apply",
+          edit=("""        return logits.index_put_(self.index, self.bias.to(logits.dtype), accumulate=True)""",
+                """        for row, biases in self.bias_by_row.items():
+            for token, bias in biases.items():
+                logits[row, token] += bias
+        return logits"""),
+          expect="no Python loop over rows"),
     # MinTokensLogitsProcessor
     Wrong("MinTokensLogitsProcessor", "never drops the rows that reached min_tokens",
           edit=(("        for row in [r for r, (m, output_ids, _) in self.state_by_row.items() if len(output_ids) >= m]:\n"

@@ -1,4 +1,4 @@
-"""Phase 10's checks reject plausible wrong answers (issue 24): each fails with the default seeds and a
+"""Phase 10's checks reject plausible wrong answers (issues 24 and 26): each fails with the default seeds and a
 message that locates the bug."""
 
 import pytest
@@ -28,16 +28,42 @@ WRONG = [
                 "    hashes = [] if known_hashes is None else list(known_hashes)")),
     Wrong("hash_request_tokens", "no chain (every parent None)", expect="chained",
           edit=("        parent = hashes[-1] if hashes else None", "        parent = None")),
-    # ---- find_longest_cache_hit
-    Wrong("find_longest_cache_hit", "skips a miss instead of stopping", expect="stop at the first miss",
+    # ---- cache_full_blocks
+    Wrong("cache_full_blocks", "the newest copy overwrites the map", expect="OLDEST",
+          source='''
+def cache_full_blocks(self, blocks, block_hashes, num_cached_blocks, num_full_blocks):
+    for index in range(num_cached_blocks, num_full_blocks):
+        block = blocks[index]
+        if block.block_hash is not None:
+            continue
+        block.block_hash = block_hashes[index]
+        self.cached_block_hash_to_block[block.block_hash] = block
+'''),
+    Wrong("cache_full_blocks", "a second copy is hashed but never registered", expect="duplicate",
+          edit=("            self.duplicate_cached_blocks.setdefault(block.block_hash, {})[block.block_id] = block",
+                "            pass")),
+    Wrong("cache_full_blocks", "registers prefix hits again", expect="prefix hit",
+          edit=("        if block.block_hash is not None:\n            continue\n", "")),
+    Wrong("cache_full_blocks", "hash index counted from num_cached_blocks", expect="same index",
+          edit=("block.block_hash = block_hashes[index]", "block.block_hash = block_hashes[index - num_cached_blocks]")),
+    Wrong("cache_full_blocks", "publishes only the last full block", expect="[num_cached_blocks, num_full_blocks)",
+          edit=("range(num_cached_blocks, num_full_blocks)",
+                "range(max(num_cached_blocks, num_full_blocks - 1), num_full_blocks)")),
+    # ---- get_computed_blocks
+    Wrong("get_computed_blocks", "skips a miss instead of stopping", expect="stop at the first miss",
           edit=("            break\n", "            continue\n")),
-    Wrong("find_longest_cache_hit", "no length cap", expect="max_cache_hit_length // block_size",
-          edit=("block_hashes[:max_cache_hit_length // block_size]", "block_hashes")),
-    Wrong("find_longest_cache_hit", "rounds the cap up", expect="max_cache_hit_length // block_size",
-          edit=("block_hashes[:max_cache_hit_length // block_size]",
-                "block_hashes[:-(-max_cache_hit_length // block_size)]")),
-    Wrong("find_longest_cache_hit", "touches the hits", expect="changes nothing",
-          edit=("        hits.append(block)\n", "        hits.append(block)\n        block_pool.touch([block])\n")),
+    Wrong("get_computed_blocks", "lets the last token hit", expect="num_tokens - 1",
+          edit=("max_num_blocks = (request.num_tokens - 1) // self.block_size",
+                "max_num_blocks = request.num_tokens // self.block_size")),
+    Wrong("get_computed_blocks", "rounds the cap up", expect="num_tokens - 1",
+          edit=("max_num_blocks = (request.num_tokens - 1) // self.block_size",
+                "max_num_blocks = -(-(request.num_tokens - 1) // self.block_size)")),
+    Wrong("get_computed_blocks", "touches the hits", expect="changes nothing",
+          edit=("        hits.append(block)\n", "        hits.append(block)\n        self.block_pool.touch([block])\n")),
+    Wrong("get_computed_blocks", "reads the cache for a prompt-logprobs request", expect="prefix_cache_lookup_enabled",
+          edit=("    if not self.prefix_cache_lookup_enabled(request):", "    if not self.enable_caching:")),
+    Wrong("get_computed_blocks", "counts hit blocks, not tokens", expect="num_hit_tokens",
+          edit=("    return hits, len(hits) * self.block_size", "    return hits, len(hits)")),
     # ---- touch
     Wrong("touch", "no null-block guard", expect="null block",
           edit=("        if block.is_null:\n            continue\n", "")),
@@ -54,6 +80,37 @@ def touch(self, blocks):
     Wrong("touch", "no extra reference for a block in use", expect="one more reference",
           edit=("        if block.ref_cnt == 0:\n            self.free_block_queue.remove(block)\n        block.ref_cnt += 1",
                 "        if block.ref_cnt == 0:\n            self.free_block_queue.remove(block)\n            block.ref_cnt = 1")),
+    # ---- _maybe_evict_cached_block
+    Wrong("_maybe_evict_cached_block", "no copy takes the map's place", expect="OLDEST copy",
+          edit=("        if copies:\n            self.cached_block_hash_to_block[block_hash] = copies.pop(next(iter(copies)))\n",
+                "")),
+    Wrong("_maybe_evict_cached_block", "the newest copy takes the map's place", expect="OLDEST copy",
+          edit=("copies.pop(next(iter(copies)))", "copies.pop(next(reversed(copies)))")),
+    Wrong("_maybe_evict_cached_block", "the block keeps its hash", expect="forgets its hash",
+          edit=("    block.reset_hash()\n", "")),
+    Wrong("_maybe_evict_cached_block", "True for a block with no hash", expect="True when the block had a hash",
+          edit=("        return False\n", "        return True\n")),
+    Wrong("_maybe_evict_cached_block", "an emptied duplicates entry stays", expect="no copies",
+          edit=("    if not copies:\n        self.duplicate_cached_blocks.pop(block_hash, None)\n", "")),
+    Wrong("_maybe_evict_cached_block", "evicting a copy drops the map's block", expect="OLDEST copy",
+          source='''
+def _maybe_evict_cached_block(self, block):
+    block_hash = block.block_hash
+    if block_hash is None:
+        return False
+    self.cached_block_hash_to_block.pop(block_hash, None)
+    copies = self.duplicate_cached_blocks.pop(block_hash, {})
+    copies.pop(block.block_id, None)
+    if copies:
+        self.cached_block_hash_to_block[block_hash] = copies.pop(next(iter(copies)))
+        if copies:
+            self.duplicate_cached_blocks[block_hash] = copies
+    block.reset_hash()
+    return True
+'''),
+    Wrong("_maybe_evict_cached_block", "compares blocks by hash, not identity", expect="OLDEST copy",
+          edit=("    if self.cached_block_hash_to_block.get(block_hash) is block:",
+                "    if self.cached_block_hash_to_block.get(block_hash).block_hash == block_hash:")),
 ]
 
 

@@ -84,6 +84,24 @@ WRONG = [
 ]
 
 
+# Issue 26: tables and tensors are located (coordinates and a window), not dumped whole.
+WRONG += [
+    Wrong("subset_construction", "no state ever accepts", expect="the accepting flags",
+          edit=("    return table, [nfa.accept in s for s in sets]", "    return table, [False] * len(sets)")),
+    Wrong("subset_construction", "a class's targets not merged (last edge wins)", expect="first difference at dfa state",
+          edit=("moves.setdefault(cls, set()).add(target)", "moves[cls] = {target}")),
+    Wrong("pack_allowed", "each bit one token late", expect="first wrong token",
+          edit=("words[token // 32] |= np.uint32(1 << (token % 32))",
+                "words[token // 32] |= np.uint32(1 << ((token + 1) % 32))")),
+    Wrong("apply_token_bitmask_inplace", "bits read from the most significant end",
+          expect="first difference at logits row",
+          edit=("    shifts = torch.arange(32, dtype=torch.int32)",
+                "    shifts = torch.arange(31, -1, -1, dtype=torch.int32)")),
+    Wrong("allowed_token_ids", "EOS in no state", expect="tokens wrongly left out",
+          edit=("    if self.dfa.accepting[state] and self.eos_token_id is not None:", "    if False:")),
+]
+
+
 @pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("11_structured_output", WRONG))
 def test_wrong_answer_fails_its_check(assignment_id, wrong):
     assert_wrong_fails(assignment_id, wrong)

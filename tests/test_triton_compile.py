@@ -33,6 +33,8 @@ def compile_for_h100(kernel, dtype, constexprs, num_warps):
             return "constexpr"
         if name in ("out_ptr", "query_ptr", "kv_cache_ptr", "key_ptr", "value_ptr"):
             return "*" + dtype
+        if name.startswith("part_"):
+            return "*fp32"
         if name.endswith("_ptr"):
             return "*i64" if name == "slot_mapping_ptr" else "*i32"
         return "fp32" if name == "scale" else "i32"
@@ -54,6 +56,11 @@ for dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
     compile_for_h100(tp._paged_prefill_kernel, dtype,
                      {"GROUP_PAD": 4, "BLOCK_Q": block_q, "HEAD_PAD": 128, "TILE_N": tp.PREFILL_TILE_N[torch_dtype],
                       "USE_FP32_DOT": dtype == "fp32"}, tp.PREFILL_NUM_WARPS)
+for dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+    compile_for_h100(tp._paged_decode_segment_kernel, dtype,
+                     {"ROWS": 16, "HEAD_PAD": 128, "TILE_N": tp.SPLIT_DECODE_TILE_N[torch_dtype],
+                      "USE_FP32_DOT": dtype == "fp32"}, tp.SPLIT_DECODE_NUM_WARPS)
+compile_for_h100(tp._reduce_segments_kernel, "bf16", {"SEGMENTS_PAD": tp.MAX_DECODE_SEGMENTS, "HEAD_PAD": 128}, 4)
 '''
 
 
@@ -69,7 +76,8 @@ def test_kernels_compile_for_h100_without_spills():
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert [line.split()[0] for line in lines] == [
-        "_store_kv_kernel", "_paged_decode_kernel", "_paged_prefill_kernel", "_paged_prefill_kernel"
+        "_store_kv_kernel", "_paged_decode_kernel", "_paged_prefill_kernel", "_paged_prefill_kernel",
+        "_paged_decode_segment_kernel", "_paged_decode_segment_kernel", "_reduce_segments_kernel",
     ]
     for line in lines:
         assert "STACK:0 " in line, f"register spills (local stack) in: {line}"

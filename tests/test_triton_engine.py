@@ -21,10 +21,15 @@ except (ImportError, AttributeError) as error:  # the engine is not there yet
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# The KV cache is sized here, not from the device: on a GPU the default (vLLM's gpu_memory_utilization of the
+# card, measured on an H100) gives this 2-layer model tens of millions of blocks, minutes of block-pool set-up.
+NUM_BLOCKS = 128
+
+
 def greedy_tokens(model_dir, prompts: list[list[int]], backend: str, **engine_kwargs) -> list[list[int]]:
     llm = LLM(
         model=str(model_dir), skip_tokenizer_init=True, attention_backend=backend, device=DEVICE,
-        block_size=4, max_num_batched_tokens=16, **engine_kwargs,
+        block_size=4, max_num_batched_tokens=16, num_gpu_blocks_override=NUM_BLOCKS, **engine_kwargs,
     )
     outputs = llm.generate(
         [{"prompt_token_ids": prompt} for prompt in prompts], SamplingParams(temperature=0.0, max_tokens=6)
@@ -51,7 +56,7 @@ def test_triton_backend_with_prefix_cache_hits(tiny_llama_dir):
     assert expected[:2] == expected[2:]
     llm = LLM(
         model=str(tiny_llama_dir), skip_tokenizer_init=True, attention_backend="triton", device=DEVICE,
-        block_size=4, max_num_batched_tokens=16, enable_prefix_caching=True,
+        block_size=4, max_num_batched_tokens=16, enable_prefix_caching=True, num_gpu_blocks_override=NUM_BLOCKS,
     )
     manager = llm.llm_engine.scheduler.kv_cache_manager
     original_get_computed_blocks = manager.get_computed_blocks

@@ -145,12 +145,41 @@ def test_decode_matches_oracle_float32(block_size, group_size):
     assert_close(output, reference.paged_attention(query, kv_cache, metadata, 0.25), torch.float32)
 
 
+# The split decode (segments of the context, then their merge) against the single-pass kernel (0) and the
+# oracle: one segment, a few, and more segments than tiles (empty segments must weigh nothing).
+@pytest.mark.parametrize("num_segments", [0, 1, 3, 16])
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_split_decode_segments_match_oracle_float32(num_segments, group_size):
+    seq_lens = [1, 5, 33, 70]
+    query, key, value, kv_cache, metadata = make_batch(
+        seq_lens, [1] * len(seq_lens), block_size=4, num_kv_heads=2, group_size=group_size, num_padding_tokens=2
+    )
+    triton_paged.store_kv(key, value, kv_cache, metadata.slot_mapping)
+    output = triton_paged.paged_decode(query, kv_cache, metadata, 0.25, num_segments=num_segments)
+    assert_close(output, oracle_attention(query, kv_cache, metadata, 0.25), torch.float32)
+    assert torch.count_nonzero(output[len(seq_lens):]) == 0  # padding rows untouched
+
+
+def test_split_decode_segments_depend_on_the_batch_shape_only():
+    """A CUDA graph captured for a batch size must stay valid whatever the lengths: the segment count is a
+    function of (requests, KV heads, device), at least 1 and at most MAX_DECODE_SEGMENTS."""
+    cpu = torch.device("cpu")
+    counts = [triton_paged.num_decode_segments(n, 2, cpu) for n in (1, 2, 3, 4, 64)]
+    assert counts == sorted(counts, reverse=True) and counts[0] > 1 and counts[-1] == 1
+    assert all(1 <= c <= triton_paged.MAX_DECODE_SEGMENTS for c in counts)
+    query, _, _, kv_cache, metadata = make_batch([3], [1], block_size=4, num_kv_heads=1, group_size=1)
+    with pytest.raises(ValueError, match="num_segments"):
+        triton_paged.paged_decode(query, kv_cache, metadata, 1.0, _paged_decode_kernel=object(), num_segments=2)
+
+
+@pytest.mark.parametrize("num_segments", [0, None, 4])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_half_precision(dtype):
+def test_decode_half_precision(dtype, num_segments):
     query, key, value, kv_cache, metadata = make_batch(
         [3, 16, 37], [1, 1, 1], block_size=4, num_kv_heads=2, group_size=2, head_size=32, dtype=dtype
     )
-    output = run_step(query, key, value, kv_cache, metadata, scale=32**-0.5)
+    triton_paged.store_kv(key, value, kv_cache, metadata.slot_mapping)
+    output = triton_paged.paged_decode(query, kv_cache, metadata, 32**-0.5, num_segments=num_segments)
     assert output.dtype == dtype
     assert_close(output, oracle_attention(query, kv_cache, metadata, 32**-0.5), dtype)
 

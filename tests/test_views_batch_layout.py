@@ -105,3 +105,7 @@ def test_rendering_and_widget(recording):
     assert "[0, 5, 12, 15]" in board.value
     slider.value = 2
     assert "query_start_loc = [0, 1, 2, 3]" in board.value
+    # the text twin follows the slider; any step can be printed
+    assert box.text().startswith("Text view of the batch-layout widget (step 2 of 1..")
+    assert "query_start_loc = [0, 1, 2, 3]" in box.text() and "[0, 5, 12, 15]" in box.text(1)
+    assert box._repr_mimebundle_()["text/plain"] == box.text()

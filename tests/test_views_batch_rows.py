@@ -155,3 +155,5 @@ def test_views_render(engine_recording):
     slider, board = widget.children
     slider.value = engine_recording.steps.index(step)
     assert board.value == text
+    assert widget.text().startswith("Text view of the batch-rows widget") and "move" in widget.text()
+    assert widget._repr_mimebundle_()["text/plain"] == widget.text()

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import pytest
 
 from labs.views import block_table_view, block_table_widget, plot_block_table, record_run
-from labs.views.block_table import render_block_table_html
+from labs.views.block_table import render_block_table_html, render_block_table_text
 from mini import LLM, SamplingParams
 
 PROMPTS = [{"prompt_token_ids": ids} for ids in ([1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13])]
@@ -91,6 +91,14 @@ def test_view_model_colours_owners_and_free_positions(small_pool_run):
                 assert cell.color == view.colors[cell.owners[0]]
         owned = sorted(b for ids in view.block_tables.values() for b in ids)
         assert owned == sorted(c.block_id for c in view.cells if c.state == "used")
+        # slot occupancy: each request's blocks hold exactly its computed tokens, the last one partly
+        for req_id, ids in view.block_tables.items():
+            cells = [view.cells[b] for b in ids]
+            assert sum(c.filled for c in cells) == view.num_computed_tokens[req_id], (snapshot.step, req_id)
+            assert all(c.filled == view.block_size for c in cells[:-1]) or view.num_computed_tokens[req_id] < (
+                len(ids) - 1) * view.block_size
+            assert all(c.filled + c.empty == view.block_size for c in cells)
+        assert view.empty_slots() == sum(c.empty for c in view.cells)
 
 
 def test_html_and_static_rendering(small_pool_run):
@@ -101,6 +109,11 @@ def test_html_and_static_rendering(small_pool_run):
     ax = plot_block_table(view)
     assert len(ax.patches) == recording.snapshots[1].num_blocks
     matplotlib.pyplot.close("all")
+    # step 1: r0 computed 5 tokens in blocks [1, 2] -> 4/4 and 1/4 (3 empty slots); the legend names r0
+    assert "4/4" in text and "1/4" in text and "bt-legend" in text and "internal fragmentation" in text
+    assert text.count('class="bt-slot bt-filled"') == sum(c.filled for c in view.cells)
+    plain = render_block_table_text(view)
+    assert "block   1 [####] 4/4  owners r0  ref 1" in plain and "block   2 [#...] 1/4  owners r0  ref 1" in plain
 
 
 def test_widget_builds_and_the_slider_replays_steps(small_pool_run):
@@ -113,3 +126,39 @@ def test_widget_builds_and_the_slider_replays_steps(small_pool_run):
     slider.value = 1
     assert "step 1" in board.value and "[3, 4]" in board.value
     assert len(box.views) == len(recording.snapshots)
+    # the text twin: what a front end without widgets shows (text/plain), and any step on demand
+    assert box.text().startswith("Text view of the block-table widget (step 1 of 0..")
+    assert box._repr_mimebundle_()["text/plain"] == box.text()
+    assert "r1: 7 tokens computed, block table [3, 4]" in box.text(1)
+
+
+def test_shared_blocks_list_every_owner_and_their_ref_count(tiny_llama_dir):
+    """Prefix caching: three requests share the first two blocks of one prefix; every owner is listed."""
+    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=4, num_gpu_blocks_override=12,
+              max_model_len=64, enable_prefix_caching=True)
+    prefix = list(range(1, 10))
+    prompts = [{"prompt_token_ids": prefix + tail} for tail in ([20], [21, 22], [23])]
+    recording = record_run(llm, prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    view = block_table_view(recording.snapshots[1], recording.request_ids)
+    shared = [c for c in view.cells if c.state == "shared"]
+    assert shared, "the three prompts share a prefix: some block must be shared"
+    for cell in shared:
+        assert cell.owners == [r for r in recording.request_ids if cell.block_id in view.block_tables[r]]
+        assert cell.ref_cnt == len(cell.owners) and cell.filled == view.block_size
+        assert cell.owner_colors == tuple(view.colors[r] for r in cell.owners)
+    page = render_block_table_html(view)
+    assert "repeating-linear-gradient" in page   # stripes: one per owner
+    first = shared[0]
+    assert f"<span class='bt-owners'>{','.join(first.owners)}</span> <span class='bt-ref'>ref {first.ref_cnt}</span>" in page
+    plain = render_block_table_text(view)
+    assert f"owners {','.join(first.owners)}  ref {first.ref_cnt}  shared" in plain
+
+
+def test_without_ipywidgets_the_widget_is_its_text(small_pool_run, monkeypatch):
+    import sys
+
+    recording, _ = small_pool_run
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)   # `import ipywidgets` raises ImportError
+    view = block_table_widget(recording)
+    assert repr(view).startswith("Text view of the block-table widget (step 0 of 0..")
+    assert "block   1 [####] 4/4  owners r0" in view.text(1) and len(view.views) == len(recording.snapshots)

@@ -131,6 +131,8 @@ def test_rendering_figure_html_and_widget():
     slider.value = 1
     assert "step 1:" in board.value
     assert box.access is access
+    assert box.text().startswith("Text view of the kernel-access widget (step 1 of") and "step 1:" in box.text()
+    assert "program (request 2, KV head 1)" in box.text(len(access.steps()) - 1)
 
 
 def test_decode_arithmetic_for_llama_3_8b():

@@ -26,3 +26,8 @@ def test_recording_shows_hits_salt_misses_and_evictions(tiny_llama_dir):
     (play, slider), board = widget.children[0].children, widget.children[1]
     # jslink copies the play button's value into the slider in the browser: all three start on one step
     assert play.value == slider.value and board.value == widget.pages[slider.value]
+    # the text twin (phase 10's hash chains without a widget front end)
+    text = widget.text(len(recording) - 1)
+    assert text.startswith("Text view of the prefix-cache widget") and "hit rate" in text
+    assert "r1 (finished, 12 cached)" in text and "[hit]" in text and "free queue, evicted first" in text
+    assert widget._repr_mimebundle_()["text/plain"] == widget.text()

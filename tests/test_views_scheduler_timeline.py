@@ -144,3 +144,5 @@ def test_views_render(timelines):
     assert len(plot_batching_comparison(continuous, static)) == 3
     widget = scheduler_timeline_widget(continuous)
     assert widget.timeline is continuous
+    assert widget.text().startswith("Text view of the scheduler-timeline widget") and "r5" in widget.text()
+    assert widget._repr_mimebundle_()["text/plain"] == widget.text()

@@ -84,6 +84,9 @@ def test_widget_redraws_for_the_chosen_step(recorded):
     assert f"step {drafted + 1}</b>" in board.value and "accepted" in board.value
     assert widget.histogram_shown == {"step": drafted + 1,
                                       "acceptance_counts": recording.steps[drafted].acceptance_counts}
+    text = widget.text()
+    assert text.startswith(f"Text view of the spec-decode widget (step {drafted + 1} of 1..") and "accepted" in text
+    assert f"produced 1, 2, 3, ... tokens): {recording.steps[drafted].acceptance_counts}" in text
     assert sum(recording.steps[drafted].acceptance_counts) >= 1
     # the histogram's bars are the running counts of the step shown
     ax = plot_acceptance_histogram(recording, len(recording) - 1)

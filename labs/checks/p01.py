@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import calling, expect_equal, expect_same, passed
 from labs.manifest import Exercise, Phase
 from mini.core.block_pool import BlockPool, usable_blocks
 from mini.core.kv_cache_manager import KVCacheManager
@@ -126,8 +126,8 @@ def _link_problem(queue: Any, blocks: list[KVCacheBlock]) -> str | None:
     return None
 
 
-def _queue_state(queue: Any) -> tuple[int, list[int]]:
-    return queue.num_free_blocks, _ids(queue.get_all_free_blocks())
+def _queue_state(queue: Any) -> dict[str, Any]:
+    return {"num_free_blocks": queue.num_free_blocks, "free queue (head -> tail)": _ids(queue.get_all_free_blocks())}
 
 
 _LINKS_HINT = ("every operation keeps the list doubly linked: a free block's prev_free_block and next_free_block "
@@ -141,12 +141,12 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
     inputs: dict[str, Any] = {"blocks": f"KVCacheBlock 0..{num_blocks - 1}", "ops so far": []}
     with calling("FreeKVCacheBlockQueue", inputs):
         queue = queue_class(lab_blocks)
-    expect_equal(
+    expect_same(
         "FreeKVCacheBlockQueue(blocks)",
         inputs,
         _queue_state(reference),
         _queue_state(queue),
-        "(num_free_blocks, ids from head to tail) right after __init__: every block, in order",
+        "right after __init__ the queue holds every block, in the order given",
     )
     for op in ops:
         inputs["ops so far"].append(op)
@@ -160,12 +160,12 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
             got,
             "popleft returns the head block; popleft_n(n) the first n in order; the others None",
         )
-        expect_equal(
+        expect_same(
             f"state after {op[0]}",
             inputs,
             _queue_state(reference),
             _queue_state(queue),
-            "(num_free_blocks, get_all_free_blocks ids head->tail); append goes to the TAIL, "
+            "num_free_blocks and get_all_free_blocks (ids head->tail); append goes to the TAIL, "
             "prepend_n puts its blocks at the HEAD in the given order",
         )
         expect_equal(f"the links after {op[0]}", inputs, None, _link_problem(queue, lab_blocks),
@@ -318,7 +318,7 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
                 got,
                 "pop blocks from the HEAD of self.free_block_queue; block 0 (null) is never handed out",
             )
-            expect_equal(
+            expect_same(
                 "pool state after get_new_blocks",
                 inputs,
                 _pool_state(reference),
@@ -335,7 +335,7 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
             "check the free count first and raise ValueError",
             "get_new_blocks",
         )
-        expect_equal(
+        expect_same(
             "pool state after a refused get_new_blocks",
             inputs,
             before,
@@ -391,7 +391,7 @@ def check_free_blocks(free_blocks: Callable, seeds: Iterable[int] = range(20)) -
         reference.free_blocks([reference.blocks[i] for i in order])
         with calling("free_blocks", inputs):
             pool.free_blocks([pool.blocks[i] for i in order])
-        expect_equal(
+        expect_same(
             "pool state after free_blocks",
             inputs,
             _pool_state(reference),
@@ -533,7 +533,7 @@ def _replay_allocations(reference: KVCacheManager, manager: KVCacheManager, ops:
         expect_equal("allocate_slots return value", inputs, expected, got,
                      "return only the NEW blocks (maybe []), or None when too few blocks are free (a hit that "
                      "sits in the free queue, ref_cnt 0, is not free for this request)")
-        expect_equal("manager state after allocate_slots", inputs,
+        expect_same("manager state after allocate_slots", inputs,
                      _manager_state(reference, list(requests)), _manager_state(manager, list(requests)),
                      "blocks cover num_computed_tokens + num_new_computed_tokens + num_new_tokens: the hits "
                      "(touched: one more reference each) first, then the new blocks; None changes nothing, "

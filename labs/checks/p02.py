@@ -132,12 +132,32 @@ def _expect_vectorized(name: str, few: int, many: int, sizes: tuple[int, int], h
     )
 
 
+def first_difference(want: list, have: list) -> str:
+    """Where two (nested) lists first differ: its coordinates, both values, and a window of 3 entries each side."""
+    if not isinstance(have, list) or len(want) != len(have) and all(a == b for a, b in zip(want, have)):
+        return f"length {len(have) if isinstance(have, list) else '?'}, expected {len(want)}"
+    for i, (a, b) in enumerate(zip(want, have)):
+        if a != b:
+            if isinstance(a, list) and isinstance(b, list):
+                inner = first_difference(a, b)
+                return f"row {i}: {inner}"
+            if len(want) <= 16:
+                return f"first difference at [{i}]: expected {a}, got {b}"
+            lo = max(0, i - 3)
+            return (f"first difference at [{i}]: expected {a}, got {b}; entries [{lo}:{i + 4}] expected "
+                    f"{want[lo:i + 4]}, got {have[lo:i + 4]}")
+    return f"length {len(have)}, expected {len(want)}"
+
+
 def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hint: str) -> None:
     if not isinstance(got, torch.Tensor):
         raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
             f"{what}: expected a torch.Tensor, got {type(got).__name__}\n  inputs: {inputs}"
         )
-    expect_equal(what, inputs, expected.tolist(), got.tolist(), hint)
+    want, have = expected.tolist(), got.tolist()
+    if want != have:
+        inputs = {**inputs, "where it differs": first_difference(want, have)}
+    expect_equal(what, inputs, want, have, hint)
     expect_equal(
         f"{what} dtype",
         inputs,
@@ -164,7 +184,8 @@ def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int
             inputs,
             expected,
             got,
-            "B + 1 entries: 0 then the running total (prefix sum) of scheduled tokens",
+            "B + 1 entries: request i owns flat rows [query_start_loc[i], query_start_loc[i+1]); requests "
+            "sit end to end from row 0",
         )
     passed("check_query_start_loc", len(cases))
 
@@ -214,7 +235,8 @@ def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = ra
             inputs,
             expected,
             got,
-            "slot = block_table[req, pos // block_size] * block_size + pos % block_size",
+            "a slot counts the cache's token places block by block: find which entry of the request's "
+            "block table row holds the position, and where inside that block it sits",
         )
     with calling("compute_slot_mapping", {"note": "3 requests of 4, then of 300 new tokens each"}):
         few, many = (_slot_mapping_lines(compute_slot_mapping, n) for n in (4, 300))
@@ -239,7 +261,7 @@ _PREPARE_HINTS = {
                  "token_ids[i] holds more tokens than computed + scheduled: not the last ones)",
     "seq_lens": "int32, per request: num_computed_tokens + num_scheduled_tokens",
     "block_table": "make_block_table(block_ids): int32 [B, max_blocks], rows padded with 0",
-    "logits_indices": "int64, each request's last flat row: query_start_loc[1:] - 1",
+    "logits_indices": "int64, each request's LAST flat row (its last new token predicts the next one)",
 }
 
 
@@ -267,6 +289,44 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
                                          "per-request lists (an empty batch gives empty tensors)"),
             )
     passed("check_prepare_inputs", len(cases))
+
+
+# ---- "Plug it in" (phases 02-05): the engine's tokens against the reference's, with what differed
+def expect_same_tokens(mine: Any, expected: Any, label: str) -> None:
+    """Raise at the first request whose generated tokens differ, naming it and the first differing token.
+    `mine` and `expected`: lists of token lists (request i is the i-th prompt) or dicts request id -> tokens."""
+    __tracebackhide__ = True
+    if not isinstance(expected, dict):
+        expected = {f"prompt {i}": list(tokens) for i, tokens in enumerate(expected)}
+    if not isinstance(mine, dict):
+        mine = {f"prompt {i}": list(tokens) for i, tokens in enumerate(mine)}
+    for req_id, want in expected.items():
+        want, have = list(want), list(mine.get(req_id, []))
+        if want != have:
+            position = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+            raise AssertionError(
+                f"{label}: {req_id} generated different tokens from token {position} on; expected {want}, "
+                f"got {have}") from None
+    extra = sorted(set(mine) - set(expected))
+    if extra:
+        raise AssertionError(f"{label}: outputs for {extra}, which the reference run does not have") from None
+
+
+def expect_same_slot_mappings(mine: Any, reference_run: Any) -> None:
+    """Two `record_run` recordings: raise at the first engine step whose slot_mapping differs (step, flat row,
+    expected vs got)."""
+    __tracebackhide__ = True
+    want_steps = [s.batch.slot_mapping for s in reference_run.snapshots[1:]]
+    have_steps = [s.batch.slot_mapping for s in mine.snapshots[1:]]
+    for step, (want, have) in enumerate(zip(want_steps, have_steps), start=1):
+        if want != have:
+            row = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+            raise AssertionError(
+                f"engine step {step}: slot_mapping differs from flat row {row} on; expected {want}, got {have}"
+            ) from None
+    if len(want_steps) != len(have_steps):
+        raise AssertionError(f"the engine ran {len(have_steps)} steps with your code, {len(want_steps)} with the "
+                             "reference") from None
 
 
 PHASE = Phase("02_slot_mapping", (

@@ -1,6 +1,5 @@
 """Checks for phase 04 (the model runner), against mini's reference and Hugging Face transformers.
 
-    check_logits_indices(compute_logits_indices)
     check_rms_norm(rms_norm)                        # vs transformers' LlamaRMSNorm
     check_apply_rotary(apply_rotary)                # vs transformers' apply_rotary_pos_emb
     check_build_attention_metadata(build_attention_metadata)
@@ -73,26 +72,6 @@ def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
         )
     expect_equal(what, inputs, expected.tolist(), got.tolist(), hint)
     expect_equal(f"{what} dtype", inputs, expected.dtype, got.dtype, "the values are right; check the dtype")
-
-
-# ------------------------------------------------------------------------------------ logits_indices
-def check_logits_indices(compute_logits_indices: Callable, seeds: Iterable[int] = range(20)) -> None:
-    cases = _steps(seeds)
-    for case in cases:
-        query_start_loc = prep.compute_query_start_loc(case["num_scheduled_tokens"])
-        inputs = {"query_start_loc": query_start_loc.tolist()}
-        expected = prep.compute_logits_indices(query_start_loc)
-        with calling("compute_logits_indices", inputs, expected=expected):
-            got = compute_logits_indices(query_start_loc.clone())
-        _expect_tensor(
-            "compute_logits_indices",
-            inputs,
-            expected,
-            got,
-            "int64, one entry per request: the flat row of its LAST scheduled token, "
-            "query_start_loc[i + 1] - 1",
-        )
-    passed("check_logits_indices", len(cases))
 
 
 # ------------------------------------------------------------------------------------------ rms_norm
@@ -585,6 +564,41 @@ def _describe(scheduler_output: Any) -> dict[str, Any]:
     }
 
 
+def _update_states_hint(key: str, expected: Any, got: Any, scheduler_output: Any) -> str:
+    """The rule the first differing field of update_states exercises."""
+    finished = set(scheduler_output.finished_req_ids)
+    scheduled = set(scheduler_output.num_scheduled_tokens)
+    if key.startswith("rows"):
+        rows, want = [r for r in got if r is not None], [r for r in expected if r is not None]
+        if set(rows) & finished:
+            return "a finished (or preempted) request leaves its row and its state"
+        if set(rows) - scheduled:
+            return ("a running request the scheduler left out of this step leaves its row (and keeps its "
+                    "state: it comes back later)")
+        if None in got or len(got) != len(expected):
+            return "after adding and removing, condense() so that rows 0..num_reqs-1 are dense"
+        if set(rows) == set(want):
+            return ("rows are added in order, each into the lowest free row: this step's new requests first, "
+                    "then cached requests that had no row; condense() then moves the last rows into holes")
+        return "every scheduled request has a row after update_states"
+    if key == "requests":
+        for req_id in sorted(set(expected) | set(got)):
+            if req_id not in got:
+                return (f"{req_id}: a request that is running (even if not scheduled this step) keeps its "
+                        f"CachedRequestState; only finished_req_ids drop it")
+            if req_id not in expected:
+                return f"{req_id}: finished_req_ids (finished, aborted or preempted) drop the request's state"
+            for field_name in expected[req_id]:
+                if expected[req_id][field_name] != got[req_id][field_name]:
+                    return {
+                        "block_ids": f"{req_id}: a cached request's new_block_ids EXTEND its block_ids",
+                        "num_computed_tokens": f"{req_id}: set num_computed_tokens from the scheduler output",
+                    }.get(field_name, f"{req_id}.{field_name}: build the state from the NewRequestData fields "
+                                      "(copy the lists; generator from self._make_generator)")
+    return ("once per step, after condense(): self.logitsprocs.update_state(self.input_batch.get_batch_update()) "
+            "(the BatchUpdate lists the rows added, removed and moved this step)")
+
+
 def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)) -> None:
     from mini.worker.model_runner import ModelRunner
 
@@ -616,10 +630,7 @@ def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)
                     inputs,
                     expected[key],
                     got[key],
-                    "finished -> drop state and row; scheduled-but-unknown-to-the-batch rows are added "
-                    "(new requests first, then cached ones), running-but-unscheduled leave the batch "
-                    "keeping their state; cached: extend block_ids, set num_computed_tokens; then "
-                    "condense() and logitsprocs.update_state(input_batch.get_batch_update())",
+                    _update_states_hint(key, expected[key], got[key], scheduler_output),
                 )
             for model_runner in runners:  # what execute_model does after sampling: append the kept tokens
                 for state in model_runner.input_batch.occupied_requests():
@@ -631,10 +642,9 @@ def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)
 
 
 PHASE = Phase("04_model_runner", (
-    Exercise("compute_logits_indices", check_logits_indices, points=2, grade_id="test-logits-indices", part="compute_logits_indices"),
-    Exercise("rms_norm", check_rms_norm, points=2, grade_id="test-rms-norm", part="rms_norm"),
+    Exercise("rms_norm", check_rms_norm, points=3, grade_id="test-rms-norm", part="rms_norm"),
     Exercise("apply_rotary", check_apply_rotary, points=2, grade_id="test-apply-rotary", part="apply_rotary"),
     Exercise("build_attention_metadata", check_build_attention_metadata, points=2, grade_id="test-attention-metadata", part="build_attention_metadata"),
-    Exercise("run_model", check_run_model, points=4, grade_id="test-run-model", part="run_model"),
-    Exercise("update_states", check_update_states, points=4, grade_id="test-update-states", part="update_states"),
+    Exercise("run_model", check_run_model, points=2, grade_id="test-run-model", part="run_model"),
+    Exercise("update_states", check_update_states, points=6, grade_id="test-update-states", part="update_states"),
 ))

@@ -8,6 +8,11 @@
 reference `Scheduler.schedule` and one with the candidate bound as its `schedule` method, feeding both
 the same fake model (the next token is a hash of the context), and compares every SchedulerOutput and
 the scheduler state after every step. No model, no tensors: a few milliseconds per step.
+On a mismatch it fails at the FIRST step where the two runs part, with both runs' decisions per step up to
+there (running requests scheduled and their tokens, preemptions, admissions) and a hint naming the rule that
+step exercises (`rule_hint`: admission after a preemption, the victim, self-preemption, undoing a victim, the
+lone-request threshold, prefix hits, resumed requests, seats, chunking). `expect_same_timeline` does the same
+for the notebook's "Plug it in" cell on the real engine.
 
 The worked example of the phase: block_size 4, 12 KV blocks (11 usable: 44 token slots), a budget of
 16 tokens per step, max_num_seqs 3, long_prefill_token_threshold 8, and six requests.
@@ -29,7 +34,8 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import calling, counterexample, expect_equal, passed
+from labs.checks.p02 import expect_same_tokens  # noqa: F401  (the plug cell imports it from here)
 from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
@@ -423,8 +429,10 @@ def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def run_schedule(
     schedule_fn: Callable | None, config: dict[str, Any], specs: list[dict[str, Any]], max_steps: int = 80
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Step a scheduler with `schedule_fn` as its schedule() (None: the reference) -> [(output, state)]."""
+) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+    """Step a scheduler with `schedule_fn` as its schedule() (None: the reference) -> per step
+    (output summary, state after update_from_output, context at the step's start). The first two are
+    compared; the context (queues and token counts before the step) only helps name the rule that broke."""
     scheduler = make_scheduler(config)
     schedule = scheduler.schedule if schedule_fn is None else types.MethodType(schedule_fn, scheduler)
     log = []
@@ -432,6 +440,11 @@ def run_schedule(
         _add_requests(scheduler, specs, step)
         if not scheduler.has_unfinished_requests() and all(spec["arrive"] <= step for spec in specs):
             break
+        context = {
+            "running": [r.request_id for r in scheduler.running],
+            "waiting": [r.request_id for r in scheduler.waiting],
+            "resumed": [r.request_id for r in scheduler.waiting if r.num_output_tokens > 0],
+        }
         output = schedule()
         summary = summarize_output(output)
         core_outputs = scheduler.update_from_output(output, fake_model_output(scheduler, output))
@@ -439,7 +452,7 @@ def run_schedule(
         state["outputs (request_id, new_token_ids, finish_reason, num_cached_tokens)"] = [
             (o.request_id, list(o.new_token_ids), o.finish_reason, o.num_cached_tokens) for o in core_outputs
         ]
-        log.append((summary, state))
+        log.append((summary, state, context))
     return log
 
 
@@ -465,7 +478,7 @@ def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None
         expected = run_schedule(None, config, specs)
         with calling("schedule", inputs, expected=expected):
             got = run_schedule(schedule, config, specs)
-        _compare_runs(inputs, expected, got)
+        _compare_runs(inputs, config, expected, got)
     passed("check_schedule", len(cases))
 
 
@@ -473,62 +486,226 @@ def _ordered_keys(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
     return [*want, *(key for key in have if key not in want)]
 
 
-def _compare_runs(inputs: dict[str, Any], expected: list, got: list) -> None:
-    """Fail at the FIRST step where the two runs part, naming that step and what differs."""
+# ---- what each run decided, step by step
+def decisions(summary: dict[str, Any]) -> dict[str, Any]:
+    """One step's decisions: running requests scheduled (id -> tokens, in order), waiting requests admitted
+    (id -> tokens), requests preempted."""
+    if "(no step)" in summary:
+        return {"ran": {}, "admitted": {}, "preempted": [], "hits": {}, "ended": True}
+    counts = dict(summary["num_scheduled_tokens"])
+    new_reqs = summary["new_reqs (req_id, block_ids, num_computed_tokens)"]
+    admitted = [req_id for req_id, _, _ in new_reqs]
+    return {
+        "hits": {req_id: num_computed for req_id, _, num_computed in new_reqs},
+        "ran": {r: n for r, n in counts.items() if r not in admitted},
+        "admitted": {r: counts.get(r, 0) for r in admitted},
+        "preempted": list(summary["preempted_req_ids"]),
+        "ended": False,
+    }
+
+
+def describe_decisions(step: dict[str, Any]) -> str:
+    if step["ended"]:
+        return "(the run had ended)"
+    parts = []
+    if step["ran"]:
+        parts.append("ran " + ", ".join(f"{r} {n}" for r, n in step["ran"].items()))
+    if step["preempted"]:
+        parts.append("preempted " + ", ".join(step["preempted"]))
+    if step["admitted"]:
+        parts.append("admitted " + ", ".join(f"{r} {n}" for r, n in step["admitted"].items()))
+    return "; ".join(parts) or "nothing scheduled"
+
+
+def decision_table(expected: list, got: list, upto: int) -> str:
+    """Both runs' decisions for steps 0..upto, side by side (the last row is the first that differs)."""
+    rows = []
+    for index in range(upto + 1):
+        want = describe_decisions(decisions(expected[index][0] if index < len(expected) else {"(no step)": 1}))
+        have = describe_decisions(decisions(got[index][0] if index < len(got) else {"(no step)": 1}))
+        rows.append((index, want, have))
+    first = max(len("reference"), *(len(w) for _, w, _ in rows))
+    lines = [f"    step  {'reference':<{first}}  | yours"]
+    for index, want, have in rows[-12:]:
+        mark = "  <- first difference" if index == upto else ""
+        lines.append(f"    {index:>4}  {want:<{first}}  | {have}{mark}")
+    if len(rows) > 12:
+        lines.insert(1, f"    ... steps 0-{len(rows) - 13} agree ...")
+    return "\n".join(lines)
+
+
+def _compare_runs(inputs: dict[str, Any], config: dict[str, Any], expected: list, got: list) -> None:
+    """Fail at the FIRST step where the two runs part: both runs' decisions up to there, the first field that
+    differs, and a hint naming the rule that step exercises."""
+    __tracebackhide__ = True
     for index in range(max(len(expected), len(got))):
-        want = expected[index] if index < len(expected) else ({"(no step)": "the run had ended"}, {})
-        have = got[index] if index < len(got) else ({"(no step)": "your run ended early"}, {})
+        want = expected[index][:2] if index < len(expected) else ({"(no step)": "the run had ended"}, {})
+        have = got[index][:2] if index < len(got) else ({"(no step)": "your run ended early"}, {})
         if want == have:
             continue
-        step_inputs = {**inputs, "the runs agree up to": f"step {index - 1}" if index else "(they part at once)"}
-        for key in _ordered_keys(want[0], have[0]):
-            expect_equal(
-                f"step {index} (the first where your run and the reference part): SchedulerOutput.{key}",
-                step_inputs,
-                want[0].get(key),
-                have[0].get(key),
-                _HINTS.get(key.split(" ")[0], _HINT),
-            )
-        for key in _ordered_keys(want[1], have[1]):
-            expect_equal(
-                f"step {index} (the first where your run and the reference part): after update_from_output, "
-                f"scheduler {key}",
-                step_inputs,
-                want[1].get(key),
-                have[1].get(key),
-                _HINTS.get(key, _HINT),
-            )
+        context = expected[index][2] if index < len(expected) else got[index][2]
+        where = f"step {index} (the first where your run and the reference part): "
+        fields = [(f"SchedulerOutput.{key}", want[0].get(key), have[0].get(key), key)
+                  for key in _ordered_keys(want[0], have[0])]
+        fields += [(f"after update_from_output, scheduler {key}", want[1].get(key), have[1].get(key), key)
+                   for key in _ordered_keys(want[1], have[1])]
+        what, expected_value, got_value, key = next(f for f in fields if f[1] != f[2])
+        hint = rule_hint(config, context, decisions(want[0]), decisions(have[0]), key)
+        message = counterexample(where + what, {**inputs, "the runs agree up to": (
+            f"step {index - 1}" if index else "(they part at once)")}, expected_value, got_value, hint)
+        table = decision_table(expected, got, index)
+        raise AssertionError(f"{message}\n  decisions per step (ran = running requests scheduled, with their "
+                             f"tokens; admitted = waiting requests started):\n{table}") from None
 
 
-_HINT = (
-    "RUNNING first, in order: num_tokens_to_schedule(...), allocate_slots, preempt "
-    "select_preemption_victim(...) until it fits (a request may preempt itself: FCFS stops the running "
-    "pass there, PRIORITY goes on with the next request); then, only if nobody was preempted, WAITING "
-    "requests while budget and max_num_seqs allow (prefix hits first). long_prefill_token_threshold caps "
-    "a request only when more than one request is running or waiting (self.get_request_counts()). "
-    "Finally build the output with self._make_output(...) and advance num_computed_tokens"
-)
+# ---- hints: the rule the first differing step exercises
+RULE_NO_ADMIT = (
+    "no admission after a preemption: in a step that preempted anyone, no waiting request is admitted "
+    "(memory is evidently tight); the waiting pass runs only when nobody was preempted")
+RULE_PREEMPT_ONLY_WHEN_FULL = (
+    "preempt only when allocate_slots returns None (the pool cannot hold this request's new tokens), and only "
+    "as many victims as it takes to fit")
+RULE_MUST_PREEMPT = (
+    "when allocate_slots returns None, preempt self.select_preemption_victim(self.running, self.policy) "
+    "(self._preempt) and retry, until it fits or the request itself was the victim")
+RULE_VICTIM = (
+    "the victim is self.select_preemption_victim(self.running, self.policy), chosen again before every retry "
+    "from the CURRENT running list; a victim already scheduled in this step leaves the step")
+RULE_SELF_PRIORITY = (
+    "a request that preempts itself: under FCFS it was the last running request and the running pass ends; "
+    "under PRIORITY the pass goes on with the next running request (more important ones may fit now)")
+RULE_UNDO_VICTIM = (
+    "a victim already scheduled in this step (PRIORITY) is undone: it leaves the step's scheduled requests, "
+    "its tokens go back to the token budget, its new block ids are dropped")
+RULE_LONE = (
+    "a lone request has nobody to starve: when at most one request is running or waiting at the start of the "
+    "step (self.get_request_counts()), long_prefill_token_threshold does not apply (threshold 0)")
+RULE_THRESHOLD = (
+    "long_prefill_token_threshold caps every request's tokens in a step when more than one request is running "
+    "or waiting (self.get_request_counts())")
+RULE_RUNNING_FIRST = (
+    "running requests are served first, in their order in self.running, each num_tokens_to_schedule(...) "
+    "tokens from the budget LEFT; waiting requests get what remains")
+RULE_SEATS = (
+    "admit waiting requests in queue order while budget is left and len(self.running) < max_num_seqs; if the "
+    "head does not fit (0 tokens, or allocate_slots returns None), stop: the head is never skipped")
+RULE_UNCHUNKED = (
+    "without chunked prefill a waiting prompt (minus its prefix hits) that does not fit the budget LEFT waits "
+    "whole: stop admitting; it is never cut into a chunk")
+RULE_PREFIX_HITS = (
+    "a waiting request starts after its prefix-cache hits: get_computed_blocks(request) -> (blocks, "
+    "num_hits); it computes num_tokens - num_hits and starts with num_computed_tokens = num_hits")
+RULE_RESUMED = (
+    "a request wants num_tokens - num_computed_tokens, where num_tokens counts the prompt AND its outputs: a "
+    "request resumed after a preemption recomputes both")
+RULE_ADVANCE = (
+    "after building the output, advance each scheduled request's num_computed_tokens by its tokens (the next "
+    "schedule() may be planned before this step's outputs arrive)")
 _HINTS = {
-    "preempted_req_ids": "preempt only when allocate_slots returns None; the victim goes back to waiting "
-    "with "
-    "num_computed_tokens = 0 (self._preempt does it all)",
-    "new_reqs": "a waiting request is admitted only if no one was preempted this step, a seat is free "
-    "(max_num_seqs), budget is left, and allocate_slots succeeds; it starts after its prefix hits",
-    "num_scheduled_tokens": "running requests are served first, in order, each num_tokens_to_schedule(...) "
-    "tokens; the budget shrinks as you go; a request alone (self.get_request_counts()) gets no "
-    "long_prefill_token_threshold cap; under PRIORITY a request that preempted itself does not end the "
-    "running pass",
     "prefix-cache stats (requests, queries, hits, preempted: requests, queries, hits)": "count a request's "
     "prefix-cache lookup once, when it is admitted (record_prefix_cache_stats after allocate_slots succeeds), "
     "not for every step it waits",
     "prefix-cached block ids": "a victim undone in the step that scheduled it got blocks that were cached at "
     "allocation but will never be written this step: a block that holds no KV must not stay a prefix-cache "
     "hit (see the helpers the exercise lists)",
+    "num_computed_tokens": RULE_ADVANCE,
 }
+_HINT = (
+    "running first, in order (num_tokens_to_schedule, allocate_slots, preempt until it fits); then, only if "
+    "nobody was preempted, waiting requests while budget and max_num_seqs allow (prefix hits first); finally "
+    "self._make_output(...) and advance num_computed_tokens")
+
+
+def rule_hint(config: dict[str, Any], context: dict[str, Any], want: dict[str, Any], have: dict[str, Any],
+              key: str) -> str:
+    """The rule the first differing step exercises, from the two runs' decisions at that step (and the
+    reference's queues at its start); `key` is the first differing field."""
+    rule = _classify(config, context, want, have)
+    if rule is None:
+        rule = _HINTS.get(key, _HINTS.get(key.split(" ")[0], _HINT))
+    return "RULE: " + rule
+
+
+def _classify(config: dict[str, Any], context: dict[str, Any], want: dict[str, Any],
+              have: dict[str, Any]) -> str | None:
+    if want["ended"] or have["ended"]:
+        return None
+    if have["preempted"] and have["admitted"]:
+        return RULE_NO_ADMIT
+    if want["preempted"] != have["preempted"]:
+        if not want["preempted"]:
+            return RULE_PREEMPT_ONLY_WHEN_FULL
+        if not have["preempted"]:
+            return RULE_MUST_PREEMPT
+        if config["scheduling_policy"] == "priority":
+            self_victims = [r for r in want["preempted"] if r in context["running"] and r not in want["ran"]]
+            if self_victims and set(have["preempted"]) < set(want["preempted"]):
+                return RULE_SELF_PRIORITY
+        return RULE_VICTIM
+    if want["preempted"]:
+        undone = [r for r in want["preempted"] if r in have["ran"]]
+        if undone:
+            return RULE_UNDO_VICTIM
+        if config["scheduling_policy"] == "priority":
+            later = [r for r in want["ran"] if r not in have["ran"]]
+            if later:
+                return RULE_SELF_PRIORITY
+            if sum(have["ran"].values()) < sum(want["ran"].values()):
+                return RULE_UNDO_VICTIM
+    threshold = config["long_prefill_token_threshold"] if config["enable_chunked_prefill"] else 0
+    lone = len(context["running"]) + len(context["waiting"]) <= 1
+    want_counts = {**want["ran"], **want["admitted"]}
+    have_counts = {**have["ran"], **have["admitted"]}
+    for req_id in want_counts.keys() & have_counts.keys():
+        if want_counts[req_id] != have_counts[req_id] and threshold:
+            if lone and have_counts[req_id] == threshold < want_counts[req_id]:
+                return RULE_LONE
+            if not lone and have_counts[req_id] > threshold >= want_counts[req_id]:
+                return RULE_THRESHOLD
+    if list(want["ran"]) != list(have["ran"]):
+        return RULE_RUNNING_FIRST
+    for req_id, count in want["ran"].items():
+        if have["ran"][req_id] != count:
+            return RULE_RESUMED if have["ran"][req_id] < count else RULE_RUNNING_FIRST
+    if want["admitted"] != have["admitted"]:
+        extra = [r for r in have["admitted"] if r not in want["admitted"]]
+        if extra and not config["enable_chunked_prefill"]:
+            return RULE_UNCHUNKED
+        differing = [r for r in {*want["admitted"], *have["admitted"]}
+                     if want["admitted"].get(r) != have["admitted"].get(r)]
+        if any(r in have["hits"] and want["hits"].get(r) != have["hits"][r] for r in want["hits"]):
+            return RULE_PREFIX_HITS
+        if any(r in context["resumed"] for r in differing):
+            return f"{RULE_PREFIX_HITS}. And {RULE_RESUMED}" if config["enable_prefix_caching"] else RULE_RESUMED
+        if any(want["hits"].values()):
+            return RULE_PREFIX_HITS
+        return RULE_SEATS
+    return None
+
+
+# ---- "Plug it in": the engine's timeline and tokens against the reference's, with what differed
+def expect_same_timeline(mine: Any, reference_timeline: Any) -> None:
+    """Raise at the first engine step where your scheduler's timeline differs from the reference's."""
+    __tracebackhide__ = True
+    for index in range(max(len(mine.steps), len(reference_timeline.steps))):
+        want = reference_timeline.steps[index] if index < len(reference_timeline.steps) else None
+        have = mine.steps[index] if index < len(mine.steps) else None
+        if want is None or have is None:
+            raise AssertionError(
+                f"the engine with your scheduler ran {len(mine.steps)} steps, the reference "
+                f"{len(reference_timeline.steps)}: they part at step {index + 1}") from None
+        for what in ("num_scheduled_tokens", "preempted", "finished"):
+            expected, got = getattr(want, what), getattr(have, what)
+            if expected != got:
+                requests = sorted(set(expected) ^ set(got) or {r for r in expected if expected[r] != got.get(r)})
+                raise AssertionError(
+                    f"engine step {want.step}: {what} differs (request(s) {requests}); expected {expected}, "
+                    f"got {got}. Steps 1..{want.step - 1} agree; run check_schedule(schedule) for the rule") \
+                    from None
 
 
 PHASE = Phase("05_scheduler", (
     Exercise("num_tokens_to_schedule", check_num_tokens_to_schedule, points=2, grade_id="test-num-tokens", part="num_tokens_to_schedule"),
     Exercise("select_preemption_victim", check_select_preemption_victim, points=2, grade_id="test-victim", part="select_preemption_victim"),
-    Exercise("schedule", check_schedule, points=5, grade_id="test-schedule", part="schedule"),
+    Exercise("schedule", check_schedule, points=8, grade_id="test-schedule", part="schedule"),
 ))

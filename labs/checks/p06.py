@@ -4,6 +4,8 @@
     check_check_stop_strings(check_stop_strings)
     check_check_stop(check_stop)
     check_step(step)
+    check_parent_request(ParentRequest)          # n > 1: the fan-out into children and the gather
+    check_beam_search_step(beam_search_step)     # one step of beam search on logprob tables
 
 The detokenizer cases use the shipped tokenizer (mini/assets/tiny-llama, byte-level BPE): an emoji is
 4 byte tokens, a CJK character 3, so most prefixes of a stream end inside a character; and a small
@@ -442,7 +444,7 @@ def _run(engine: Any, step: Callable[[], Any], workload: list[dict[str, Any]], m
     return log
 
 
-def check_step(step: Callable, seeds: Iterable[int] = range(3)) -> None:
+def check_step(step: Callable, seeds: Iterable[int] = range(2)) -> None:
     """Run the same workloads through LLMEngine.step and through `step(engine)`; compare each step."""
     engine = _engine()
     workloads = [
@@ -511,9 +513,291 @@ def check_step(step: Callable, seeds: Iterable[int] = range(3)) -> None:
     passed("check_step", len(workloads))
 
 
+# ------------------------------------------------------------------------------- parallel sampling (n > 1)
+def _core_request(request_id: str, params: SamplingParams) -> Any:
+    from mini.engine import EngineCoreRequest
+
+    return EngineCoreRequest(request_id=request_id, prompt="The cat", prompt_token_ids=[10, 11, 12],
+                             sampling_params=params, eos_token_id=2, arrival_time=0.0)
+
+
+def _params_fields(params: SamplingParams) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+
+
+def _first_difference(expected: dict[str, Any], got: dict[str, Any]) -> str | None:
+    return next((name for name, value in expected.items() if name not in got or got[name] != value), None)
+
+
+def _completion(index: int, text: str, finish_reason: str | None) -> Any:
+    from mini.outputs import CompletionOutput
+
+    token_ids = [100 + ord(c) % 50 for c in text]
+    return CompletionOutput(index=index, text=text, token_ids=token_ids, cumulative_logprob=None, logprobs=None,
+                            finish_reason=finish_reason)
+
+
+def _shown(outputs: Any) -> Any:
+    """A CompletionOutput list as (index, text, finish_reason) tuples (what the check compares)."""
+    if not isinstance(outputs, (list, tuple)):
+        return outputs
+    return [(o.index, o.text, list(o.token_ids), o.finish_reason) if hasattr(o, "index") else o for o in outputs]
+
+
+_KINDS = (RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY)
+_GATHER_HINTS = {
+    RequestOutputKind.FINAL_ONLY: "FINAL_ONLY: show nothing until the LAST child finishes, then all n outputs in "
+                                  "index order (keep each child's latest output by its index)",
+    RequestOutputKind.DELTA: "DELTA: show just the output that arrived, except from a child that had already "
+                             "finished and been reported (then nothing)",
+    RequestOutputKind.CUMULATIVE: "CUMULATIVE (mini): the latest output of every child heard from so far, in "
+                                  "index order (a child not heard from yet is left out)",
+}
+
+
+def _parallel_case(seed: int | None) -> dict[str, Any]:
+    """One parent request and the children's outputs in the order the output processor hands them over."""
+    if seed is None:  # the worked example
+        return {"n": 3, "seed": 7, "output_kind": RequestOutputKind.FINAL_ONLY,
+                "events": [(0, "Hi", None), (2, "Ok", None), (2, "Ok!", "stop"), (1, "Yo", None),
+                           (0, "Hi there", "length"), (1, "Yo yo", "stop")]}
+    rng = random.Random(seed)
+    n = rng.randint(2, 4)
+    kind = _KINDS[seed % 3]
+    alive = {index: "" for index in range(n)}
+    events = []
+    while alive:
+        index = rng.choice(sorted(alive))
+        alive[index] += rng.choice("abc")
+        finished = rng.random() < 0.35
+        events.append((index, alive[index], rng.choice(["stop", "length"]) if finished else None))
+        if finished:
+            done = alive.pop(index)
+            if rng.random() < 0.25:  # reported again after it finished (an abort that raced the finish)
+                events.append((index, done, "abort"))
+    return {"n": n, "seed": rng.choice([None, rng.randint(0, 1000)]), "output_kind": kind, "events": events,
+            "temperature": rng.choice([0.5, 1.0]), "max_tokens": rng.randint(1, 9)}
+
+
+def check_parent_request(ParentRequest: Callable, seeds: Iterable[int] = range(24),
+                         output_kinds: Iterable[RequestOutputKind] = _KINDS) -> None:
+    """Fan a parent out into its n children, then feed the children's outputs back, call by call."""
+    from mini.engine import parallel_sampling as ps
+
+    kinds = set(output_kinds)
+    cases = [case for case in (_parallel_case(None), *(_parallel_case(s) for s in seeds))
+             if case["output_kind"] in kinds]
+    num_calls = 0
+    for case in cases:
+        params = SamplingParams(n=case["n"], seed=case["seed"], output_kind=case["output_kind"],
+                                temperature=case.get("temperature", 0.8), max_tokens=case.get("max_tokens", 8))
+        parent_params = _params_fields(params)
+        request_id = f"p{num_calls % 7}"
+        inputs: dict[str, Any] = {"request_id": request_id, "n": case["n"], "seed": case["seed"],
+                                  "output_kind": case["output_kind"].name}
+        expected_parent = ps.ParentRequest(_core_request(request_id, params.clone()))
+        with calling("ParentRequest(request)", inputs):
+            parent = ParentRequest(_core_request(request_id, params))
+        # --- fan-out: one child per index
+        for index in range(case["n"]):
+            expected_id, expected_params = expected_parent.get_child_info(index)
+            with calling(f"get_child_info({index})", inputs, expected=expected_id):
+                got = parent.get_child_info(index)
+            expect_equal(f"get_child_info({index}) must return (child_request_id, child_params)", inputs,
+                         "a tuple of 2", f"{type(got).__name__} {got!r}"[:200] if not (
+                             isinstance(got, tuple) and len(got) == 2) else "a tuple of 2",
+                         "return the child's request id and its own SamplingParams")
+            child_id, child_params = got
+            expect_equal(f"the parent's own SamplingParams after get_child_info({index})", inputs, parent_params,
+                         _params_fields(parent.sampling_params) if hasattr(parent, "sampling_params") else None,
+                         "change a COPY for each child: the parent keeps n and seed (its params are the user's)")
+            expect_equal(f"child {index}: its request id", inputs, expected_id, child_id,
+                         "a child's id is derived from its index and the parent's id, as vLLM's "
+                         "ParentRequest.get_child_info spells it: f\"{index}_{parent_id}\"")
+            expect_equal(f"child {index}: its params must be a SamplingParams", inputs, "SamplingParams",
+                         type(child_params).__name__, "copy the parent's SamplingParams (clone())")
+            want, have = _params_fields(expected_params), _params_fields(child_params)
+            field_name = _first_difference(want, have)
+            if field_name is not None:
+                expect_equal(f"child {index} (id {expected_id!r}): its SamplingParams.{field_name}", inputs,
+                             want[field_name], have[field_name],
+                             "each child samples ONE sequence (n=1) and, when the parent is seeded, with its own "
+                             "seed: the parent's seed + the child's index (None stays None); every other field is "
+                             "the parent's")
+        expect_equal("child_requests after the fan-out (the children not finished yet)", inputs,
+                     sorted(expected_parent.child_requests), sorted(getattr(parent, "child_requests", ()) or ()),
+                     "get_child_info registers each child id in `child_requests`")
+        # --- the gather: the children's outputs, one call at a time
+        history: list[str] = []
+        for call, (index, text, finish_reason) in enumerate(case["events"]):
+            child_id = ps.child_request_id(index, request_id)
+            expected = expected_parent.get_outputs(child_id, _completion(index, text, finish_reason))
+            expected = (_shown(expected[0]), expected[1])
+            what = (f"get_outputs call {call}: child {child_id!r} (index {index}) reports "
+                    f"{text!r}, finish_reason={finish_reason!r}")
+            call_inputs = {**inputs, "calls so far": history or "(none)"}
+            with calling("get_outputs", call_inputs, expected=expected):
+                got = parent.get_outputs(child_id, _completion(index, text, finish_reason))
+            got = (_shown(got[0]), got[1]) if isinstance(got, tuple) and len(got) == 2 else got
+            hint = _GATHER_HINTS[case["output_kind"]]
+            if isinstance(got, tuple) and expected[0] == got[0] and expected[1] != got[1]:
+                hint = ("the parent is finished when its LAST child has finished (no child left in "
+                        "child_requests), and not before")
+            elif finish_reason == "abort" and index not in [i for i, _, r in case["events"][call + 1:] if r]:
+                hint += "; this child had already finished: it is no longer in child_requests"
+            expect_equal(f"{what} -> (outputs to show now as (index, text, token_ids, finish_reason), "
+                         "parent finished?)", call_inputs, expected, got, hint)
+            history.append(f"{child_id} {text!r} {finish_reason}")
+            num_calls += 1
+    passed("check_parent_request", num_calls)
+
+
+# ---------------------------------------------------------------------------------------- beam search
+def _logprob(value: float) -> Any:
+    from mini.outputs import Logprob
+
+    return Logprob(logprob=value)
+
+
+def _beam(tokens: list[int], generated: int, cum_logprob: float) -> Any:
+    from mini.beam_search import BeamSearchSequence
+
+    past = [{token: _logprob(-1.0)} for token in tokens[len(tokens) - generated:]]
+    return BeamSearchSequence(orig_prompt={"prompt_token_ids": tokens[:len(tokens) - generated]},
+                              tokens=list(tokens), logprobs=past, cum_logprob=cum_logprob)
+
+
+# The worked example: vocabulary {0: "a", 1: "b", 2: EOS}, beam_width 2, step 2 of the search from the prompt
+# [5]: the live beams are [5, a] (-0.5) and [5, b] (-1.0); [5, EOS] (-2.0) completed at step 1.
+WORKED_BEAMS = {"beams": [([5, 0], 1, -0.5), ([5, 1], 1, -1.0)], "completed": [([5, 2], 1, -2.0)],
+                "beam_logprobs": [{1: -0.75, 2: -1.0, 0: -1.5}, {0: -0.25, 2: -0.5, 1: -2.0}],
+                "beam_width": 2, "length_penalty": 1.0, "eos_token_id": 2}
+
+
+def _beam_case(seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    vocab = rng.randint(3, 6)
+    beam_width = rng.randint(1, 3)
+    prompt = [10 + t for t in range(rng.randint(1, 3))]
+    realistic = rng.random() < 0.6     # every live beam as long as the others (a real step)
+    generated = rng.randint(0, 3)
+    beams = []
+    for _ in range(rng.randint(1, beam_width)):
+        length = generated if realistic else rng.randint(0, 4)
+        tokens = prompt + [rng.randrange(3, vocab + 3) for _ in range(length)]
+        beams.append((tokens, length, -0.25 * rng.randint(0, 4 * length + 1) if length else 0.0))
+    quarter = [-0.25 * k for k in range(1, 9)]   # exact in binary: equal sums are exact ties
+    tables = []
+    for _ in beams:
+        if rng.random() < 0.1:
+            tables.append(None)  # nothing came back for this beam
+            continue
+        ids = rng.sample(range(vocab), min(vocab, 2 * beam_width))
+        values = sorted((rng.choice(quarter) for _ in ids), reverse=True)
+        table = dict(zip(ids, values))
+        if rng.random() < 0.3:  # a sampled token outside the top 2 * beam_width comes first in the dict
+            extra = rng.randrange(vocab, vocab + 3)
+            table = {extra: -3.0, **table}
+        tables.append(table)
+    completed = [(prompt + [0], 1, -1.5)] if rng.random() < 0.3 else []
+    return {"beams": beams, "completed": completed, "beam_logprobs": tables, "beam_width": beam_width,
+            "length_penalty": rng.choice([0.0, 0.5, 1.0, 2.0]), "eos_token_id": rng.choice([0, 1, None])}
+
+
+def _build_instance(case: dict[str, Any]) -> tuple[Any, list[Any]]:
+    from mini.beam_search import BeamSearchInstance
+
+    instance = BeamSearchInstance({"prompt_token_ids": [5]}, [5])
+    instance.beams = [_beam(*beam) for beam in case["beams"]]
+    instance.completed = [_beam(*beam) for beam in case["completed"]]
+    tables = [None if t is None else {tok: _logprob(v) for tok, v in t.items()} for t in case["beam_logprobs"]]
+    return instance, tables
+
+
+def _beam_row(beam: Any, length_penalty: float) -> str:
+    from mini.beam_search import get_beam_search_score
+
+    try:
+        score = get_beam_search_score(len(beam.logprobs), beam.cum_logprob, length_penalty)
+        return (f"tokens={list(beam.tokens)} cum_logprob={beam.cum_logprob:g} generated={len(beam.logprobs)} "
+                f"score={score:.4g}")
+    except Exception:  # noqa: BLE001 - a learner's object of the wrong shape
+        return repr(beam)[:200]
+
+
+def check_beam_search_step(beam_search_step: Callable, seeds: Iterable[int] = range(60)) -> None:
+    """One step on fixed and seeded random logprob tables (quarter values, so ties are common)."""
+    from mini import beam_search as reference_beam
+
+    cases = [WORKED_BEAMS, *(_beam_case(seed) for seed in seeds)]
+    for case in cases:
+        lp = case["length_penalty"]
+        inputs = {
+            "instance.beams (tokens, generated, cum_logprob)": case["beams"],
+            "instance.completed": case["completed"],
+            "beam_logprobs ((token, logprob) pairs, in the engine's order)": [
+                None if t is None else list(t.items()) for t in case["beam_logprobs"]],
+            "beam_width": case["beam_width"], "length_penalty": lp, "eos_token_id": case["eos_token_id"],
+        }
+        expected_instance, tables = _build_instance(case)
+        reference_beam.beam_search_step(expected_instance, tables, case["beam_width"], lp, case["eos_token_id"])
+        expected = {name: [_beam_row(b, lp) for b in getattr(expected_instance, name)]
+                    for name in ("beams", "completed")}
+        instance, tables = _build_instance(case)
+        with calling("beam_search_step", inputs, expected=expected):
+            beam_search_step(instance, tables, case["beam_width"], lp, case["eos_token_id"])
+        for name in ("beams", "completed"):
+            want = expected[name]
+            have = [_beam_row(b, lp) for b in getattr(instance, name)]
+            if want == have:
+                continue
+            position = next((k for k, (w, h) in enumerate(zip(want, have)) if w != h), min(len(want), len(have)))
+            hint = ("every (live beam, token of its logprobs dict) pair is a candidate, with cum_logprob + that "
+                    "logprob; rank by score = cum_logprob / max(generated, 1) ** length_penalty (generated: the "
+                    "beam's generated tokens, a final EOS included, NOT the prompt) and keep the best "
+                    "beam_width")
+            if name == "completed":
+                hint = ("every (live beam, token of its logprobs dict) pair is a candidate; one that ends in "
+                        "eos_token_id is appended to instance.completed (after the ones already there, in "
+                        "candidate order) and never stays live; eos_token_id=None: nothing completes")
+            elif position < min(len(want), len(have)):
+                got_beam = getattr(instance, name)[position]
+                if sorted(want) == sorted(have) and \
+                        want[position].split("score=")[-1] == have[position].split("score=")[-1]:
+                    hint = ("ties: on equal scores the candidate that came first (earlier live beam, then the "
+                            "dict's order) stays first, as a stable sort by score, best first, keeps them")
+                elif case["eos_token_id"] is not None and list(got_beam.tokens)[-1:] == [case["eos_token_id"]]:
+                    hint = "a candidate ending in EOS completes; it never stays live"
+            elif len(have) > len(want):
+                hint = ("keep at most beam_width live beams, EOS candidates excluded"
+                        if len(want) == case["beam_width"]
+                        else "an EOS candidate leaves the live beams; a beam with no logprobs (None) has no "
+                             "candidates")
+            shown = slice(max(0, position - 1), position + 2)
+            expect_equal(f"beam_search_step: instance.{name}[{position}] is the first wrong beam ({len(want)} "
+                         f"expected, {len(have)} got; shown from index {shown.start})", inputs,
+                         want[shown], have[shown], hint)
+        for position, beam in enumerate(instance.beams + instance.completed):
+            step_table = expected_instance.beams + expected_instance.completed
+            expect_equal(f"beam_search_step: the logprobs list of new beam {position} ({list(beam.tokens)})",
+                         inputs, len(step_table[position].logprobs), len(beam.logprobs),
+                         "a new beam's logprobs is its parent's list + the whole dict of this step "
+                         "(one entry per generated token: the score counts them); never change the parent's")
+            expect_equal(f"beam_search_step: new beam {position} ({list(beam.tokens)}): its last logprobs entry",
+                         inputs, sorted(step_table[position].logprobs[-1]), sorted(beam.logprobs[-1]),
+                         "append the WHOLE logprobs dict the engine returned for the parent beam, as vLLM does")
+    passed("check_beam_search_step", len(cases))
+
+
 PHASE = Phase("06_engine_loop", (
-    Exercise("detokenize_incrementally", check_detokenize_incrementally, points=3, grade_id="test-detokenize", part="detokenize_incrementally"),
-    Exercise("check_stop_strings", check_check_stop_strings, points=2, grade_id="test-stop-strings", part="check_stop_strings"),
+    Exercise("detokenize_incrementally", check_detokenize_incrementally, points=3, grade_id="test-detokenize",
+             part="detokenize_incrementally"),
+    Exercise("check_stop_strings", check_check_stop_strings, points=3, grade_id="test-stop-strings",
+             part="check_stop_strings"),
     Exercise("check_stop", check_check_stop, points=2, grade_id="test-check-stop", part="check_stop"),
-    Exercise("step", check_step, points=3, grade_id="test-step"),
+    Exercise("step", check_step, points=2, grade_id="test-step"),
+    Exercise("ParentRequest", check_parent_request, points=3, grade_id="test-parent-request"),
+    Exercise("beam_search_step", check_beam_search_step, points=4, grade_id="test-beam-search-step"),
 ))

@@ -9,7 +9,7 @@
 The kernels run natively on a CUDA GPU, otherwise under Triton's interpreter (TRITON_INTERPRET=1, set by
 mini.attention.triton_utils before Triton is imported): the interpreter costs milliseconds per program per
 loop iteration, so every case is tiny. Without Triton (macOS, Windows, or not installed) the kernel checks
-fail with KERNEL_LABS_MESSAGE (labs/test_p07_attention_kernel.py skips them instead).
+fail with KERNEL_LABS_MESSAGE (`pytest labs/` skips them instead).
 
 The first case of each check is the phase's worked example: block_size 4, three requests with 5, 9 and
 20 tokens in scattered blocks, 2 KV heads, 2 query heads per KV head, head_size 16.

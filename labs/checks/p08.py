@@ -1,6 +1,7 @@
 """Checks for phase 08 (the vectorized sampler), against mini.sample.
 
     check_apply_temperature(apply_temperature)   vs mini.sample.sampler.apply_temperature
+    check_apply_bad_words(apply_bad_words)       vs mini.sample.ops.bad_words.apply_bad_words
     check_apply_top_k_top_p(apply_top_k_top_p)   vs mini.sample.ops.topk_topp.apply_top_k_top_p
     check_random_sample(random_sample)           vs mini.sample.ops.topk_topp_sampler.random_sample
     check_gather_logprobs(gather_logprobs)       vs mini.sample.logprobs.gather_logprobs
@@ -8,6 +9,9 @@
 The first case of each is the phase's worked example: three rows over a 5-token vocabulary with
 probabilities [0.05, 0.40, 0.10, 0.30, 0.15]. Top-k / top-p are also checked for being branch-free:
 the number of torch calls must not grow with the number of rows (no Python loop over rows).
+
+`expect_same_generations` compares a plugged engine's outputs with the reference engine's, request by
+request and step by step (the notebooks' "Plug it in" cells of phases 08 and 09 use it).
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
+from labs.checks.common import CountTorchCalls, calling, counterexample, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini.sample.logprobs import gather_logprobs as reference_gather_logprobs
+from mini.sample.ops.bad_words import apply_bad_words as reference_apply_bad_words
 from mini.sample.ops.topk_topp import apply_top_k_top_p as reference_top_k_top_p
 from mini.sample.ops.topk_topp_sampler import random_sample as reference_random_sample
 from mini.sample.sampler import apply_temperature as reference_apply_temperature
@@ -96,6 +101,142 @@ def check_apply_temperature(apply_temperature: Callable, seeds: Iterable[int] = 
             "is divided by 1, never by 0",
         )
     passed("check_apply_temperature", len(cases))
+
+
+# ---------------------------------------------------------------- bad words
+# The phase's worked example: vocabulary of 8, five rows.
+WORKED_BAD_WORDS: dict[int, list[list[int]]] = {
+    0: [[5], [2, 3, 4]],   # output ends with 2, 3: both 5 (a one-token word) and 4 are banned
+    2: [[2, 3, 4]],        # output ends with 3, 2: the prefix [2, 3] is not at the end: nothing banned
+    3: [[6, 7]],           # no output yet: the prefix [6] cannot match: nothing banned
+    4: [[1, 6, 7], [1, 5]],  # output is exactly [1, 6]: 7 is banned; [1, 5] needs a 1 LAST: 5 stays
+}
+WORKED_BAD_WORDS_OUTPUTS = [[7, 2, 3], [2, 3], [2, 3, 3, 2], [], [1, 6]]
+
+
+def worked_bad_words_logits() -> torch.Tensor:
+    return torch.arange(40, dtype=torch.float32).view(5, 8) / 10
+
+
+def _bad_words_cases(seeds: Iterable[int]) -> list[tuple[torch.Tensor, dict[int, list[list[int]]], list[list[int]]]]:
+    cases = [(worked_bad_words_logits(), WORKED_BAD_WORDS, WORKED_BAD_WORDS_OUTPUTS)]
+    for seed in seeds:
+        rng = random.Random(3000 + seed)
+        num_rows, vocab_size = rng.randint(1, 6), rng.randint(5, 16)
+        hot = rng.sample(range(vocab_size), 4)  # few distinct tokens: prefixes match often
+        outputs = [[rng.choice(hot) for _ in range(rng.randint(0, 7))] for _ in range(num_rows)]
+        bad_words: dict[int, list[list[int]]] = {}
+        for row in range(num_rows):
+            if rng.random() < 0.25:
+                continue
+            words = []
+            for _ in range(rng.randint(1, 3)):
+                length = rng.randint(1, 4)
+                past = outputs[row]
+                kind = rng.random()
+                if kind < 0.4 and len(past) >= length - 1:       # the output ends with its prefix: banned
+                    prefix = past[len(past) - (length - 1):] if length > 1 else []
+                elif kind < 0.6 and len(past) >= length:         # the prefix, one token too early
+                    prefix = past[len(past) - length:-1]
+                elif kind < 0.7:                                 # the prefix is the whole output and more
+                    prefix = [rng.choice(hot)] + list(past)
+                else:
+                    prefix = [rng.choice(hot) for _ in range(length - 1)]
+                words.append(list(prefix) + [rng.randrange(vocab_size)])
+            bad_words[row] = words
+        logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(seed))
+        cases.append((logits, bad_words, outputs))
+    return cases
+
+
+def first_difference(expected: torch.Tensor, got: torch.Tensor) -> tuple[int, int] | None:
+    """(row, column) of the first entry where two [N, V] tensors differ (-inf == -inf), or None."""
+    same = (expected == got) | (torch.isnan(expected) & torch.isnan(got))
+    wrong = (~same).nonzero()
+    return None if wrong.numel() == 0 else (int(wrong[0, 0]), int(wrong[0, 1]))
+
+
+def check_apply_bad_words(apply_bad_words: Callable, seeds: Iterable[int] = range(40)) -> None:
+    cases = _bad_words_cases(seeds)
+    for logits, bad_words, outputs in cases:
+        inputs = {"logits": _short_tensor(logits), "bad_words_token_ids": bad_words, "output_token_ids": outputs}
+        expected = reference_apply_bad_words(logits.clone(), bad_words, [list(o) for o in outputs])
+        got_logits = logits.clone()
+        with calling("apply_bad_words", inputs, expected=expected):
+            got = apply_bad_words(got_logits, {r: [list(w) for w in ws] for r, ws in bad_words.items()},
+                                  [list(o) for o in outputs])
+        got = got_logits if got is None else got   # vLLM's edits in place and returns None
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            expect_equal("apply_bad_words", inputs, f"a tensor of shape {tuple(expected.shape)}",
+                         got if not isinstance(got, torch.Tensor) else f"shape {tuple(got.shape)}",
+                         "return the [N, V] logits (edited in place)", equal=lambda a, b: False)
+        where = first_difference(expected, got)
+        if where is None:
+            continue
+        row, token = where
+        banned_expected = bool(expected[row, token] == -math.inf)
+        words, past = bad_words.get(row, []), outputs[row]
+        if banned_expected:
+            word = next(w for w in words if w[-1] == token and len(w) - 1 <= len(past)
+                        and past[len(past) - (len(w) - 1):] == w[:-1])
+            hint = (f"token {token} ends the bad word {word} of row {row}, and the output so far ENDS with "
+                    f"{word[:-1]} (its last {len(word) - 1} tokens; a one-token word is always banned): "
+                    "it must become -inf")
+        elif token in [t for w in words for t in w[:-1]]:
+            hint = ("ban only the LAST token of a bad word: the tokens before it were already generated, "
+                    "they are the prefix the output must end with")
+        else:
+            hint = ("ban the last token of a word only when the output so far ENDS with the word's other "
+                    "tokens (compare the last len(word) - 1 generated tokens; a prefix longer than the output "
+                    "cannot match); every other logit stays exactly as it was")
+        expect_equal(
+            f"apply_bad_words: row {row}, token {token}",
+            {"row": row, "its bad words": words, "its output so far": past,
+             "its logits": _short_tensor(logits[row:row + 1])[0]},
+            float(expected[row, token]),
+            float(got[row, token]),
+            hint,
+        )
+    passed("check_apply_bad_words", len(cases))
+
+
+# ---------------------------------------------------------------- plug it in
+def _non_default(params: Any) -> dict[str, Any]:
+    import dataclasses
+
+    from mini.sampling_params import SamplingParams
+
+    default = SamplingParams()
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
+            if f.init and not f.name.startswith("_") and getattr(params, f.name) != getattr(default, f.name)}
+
+
+def expect_same_generations(prompts: list, params: list, expected: list, got: list) -> None:
+    """The plugged engine's outputs vs the reference engine's, request by request, step by step: raises
+    an AssertionError naming the first request and step whose token (or logprobs) differ."""
+    __tracebackhide__ = True
+    for index, (prompt, sampling, want, have) in enumerate(zip(prompts, params, expected, got)):
+        want_ids, have_ids = list(want.outputs[0].token_ids), list(have.outputs[0].token_ids)
+        request = {"request": index, "prompt": prompt, "params (non-default)": _non_default(sampling)}
+        if want_ids != have_ids:
+            step = next((i for i, (a, b) in enumerate(zip(want_ids, have_ids)) if a != b),
+                        min(len(want_ids), len(have_ids)))
+            raise AssertionError(counterexample(
+                f"Plug it in: request {index} differs at step {step} (its token number {step})",
+                {**request, "tokens both engines agree on": want_ids[:step],
+                 "reference tokens": want_ids, "your engine's tokens": have_ids},
+                want_ids[step] if step < len(want_ids) else "(finished)",
+                have_ids[step] if step < len(have_ids) else "(finished)",
+                "this request's knobs are the ones your parts handle: run your exercise's check, then "
+                "compare your function with the reference on the step shown"))
+        want_lp, have_lp = want.outputs[0].logprobs, have.outputs[0].logprobs
+        if want_lp != have_lp:
+            step = next((i for i, (a, b) in enumerate(zip(want_lp or [], have_lp or [])) if a != b), 0)
+            raise AssertionError(counterexample(
+                f"Plug it in: request {index}'s logprobs differ at step {step}", request,
+                (want_lp or [None])[step] if want_lp else None, (have_lp or [None])[step] if have_lp else None,
+                "the logprobs come from gather_logprobs: column 0 the sampled token, then the top-N"))
+    print(f"ok: the plugged engine gives the same tokens as the reference on all {len(prompts)} requests")
 
 
 # ---------------------------------------------------------------- top-k / top-p
@@ -384,8 +525,9 @@ def check_gather_logprobs(gather_logprobs: Callable, seeds: Iterable[int] = rang
 
 
 PHASE = Phase("08_sampler", (
-    Exercise("apply_temperature", check_apply_temperature, points=2, grade_id="test-temperature", part="apply_temperature"),
-    Exercise("apply_top_k_top_p", check_apply_top_k_top_p, points=4, grade_id="test-top-k-top-p", part="apply_top_k_top_p"),
+    Exercise("apply_temperature", check_apply_temperature, points=1, grade_id="test-temperature", part="apply_temperature"),
+    Exercise("apply_bad_words", check_apply_bad_words, points=4, grade_id="test-bad-words", part="apply_bad_words"),
+    Exercise("apply_top_k_top_p", check_apply_top_k_top_p, points=5, grade_id="test-top-k-top-p", part="apply_top_k_top_p"),
     Exercise("random_sample", check_random_sample, points=3, grade_id="test-random-sample", part="random_sample"),
     Exercise("gather_logprobs", check_gather_logprobs, points=3, grade_id="test-gather-logprobs", part="gather_logprobs"),
 ))

@@ -2,6 +2,8 @@
 
     check_apply_all_penalties(apply_all_penalties)       vs mini.sample.ops.penalties.apply_all_penalties
     check_process_dict_updates(process_dict_updates)     vs mini.sample.logits_processor.builtin.process_dict_updates
+    check_min_p_processor(MinPLogitsProcessor)           vs mini.sample.logits_processor.builtin.MinPLogitsProcessor
+    check_logit_bias_processor(LogitBiasLogitsProcessor) vs mini.sample.logits_processor.builtin.LogitBiasLogitsProcessor
     check_min_tokens_processor(MinTokensLogitsProcessor) vs mini.sample.logits_processor.builtin.MinTokensLogitsProcessor
     check_condense(condense)                             vs mini.worker.input_batch.InputBatch.condense
 
@@ -21,7 +23,10 @@ from typing import Any
 import torch
 
 from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
+from labs.checks.p08 import first_difference
 from labs.manifest import Exercise, Phase
+from mini.sample.logits_processor.builtin import LogitBiasLogitsProcessor as ReferenceLogitBias
+from mini.sample.logits_processor.builtin import MinPLogitsProcessor as ReferenceMinP
 from mini.sample.logits_processor.builtin import MinTokensLogitsProcessor as ReferenceMinTokens
 from mini.sample.logits_processor.builtin import process_dict_updates as reference_process_dict_updates
 from mini.sample.logits_processor.interface import BatchUpdate, LogitsProcessorConfig, MoveDirectionality
@@ -58,7 +63,12 @@ def _expect_logits(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
     finite = torch.isfinite(expected)
     same = same_inf and torch.allclose(expected[finite], got.to(expected.dtype)[finite], rtol=1e-5, atol=1e-5)
     if not same:
-        expect_equal(what, inputs, _round(expected), _round(got), hint, equal=lambda a, b: False)
+        close = torch.isclose(expected, got.to(expected.dtype), rtol=1e-5, atol=1e-5) | (expected == got)
+        row, token = first_difference(torch.zeros_like(expected), (~close).to(expected.dtype)) or (0, 0)
+        located = {**inputs, f"row {row} expected": _round(expected[row:row + 1])[0],
+                   f"row {row} got": _round(got[row:row + 1])[0]}
+        expect_equal(f"{what}: first wrong entry at row {row}, token {token}", located,
+                     float(expected[row, token]), float(got[row, token]), hint)
 
 
 # ---------------------------------------------------------------- penalties
@@ -189,7 +199,11 @@ class FuzzStep:
 def _new_request(rng: random.Random, number: int, vocab_size: int) -> FakeRequest:
     min_tokens = rng.choice([0, 0, 1, 2, 3, 5])
     stop = rng.sample(range(vocab_size), rng.randint(0, 3))
-    params = SamplingParams(min_tokens=min_tokens, stop_token_ids=stop, max_tokens=20)
+    min_p = rng.choice([0.0, 0.0, 0.05, 0.2, 0.5, 1.0])
+    logit_bias = ({token: round(rng.uniform(-4, 4), 2) for token in rng.sample(range(vocab_size), rng.randint(1, 3))}
+                  if rng.random() < 0.5 else None)
+    params = SamplingParams(min_tokens=min_tokens, stop_token_ids=stop, max_tokens=20, min_p=min_p,
+                            logit_bias=logit_bias, temperature=1.0)
     outputs = [rng.randrange(vocab_size) for _ in range(rng.choice([0, 0, 0, 2]))]  # some resume with outputs
     return FakeRequest(
         number, params, [number] + [rng.randrange(vocab_size) for _ in range(rng.randint(0, 4))], outputs
@@ -257,8 +271,8 @@ def _describe(update: BatchUpdate | None) -> str:
     added = [
         (
             row,
-            f"req(min_tokens={params.min_tokens}, stop={sorted(params.stop_token_ids)}, prompt={prompt}, "
-            + f"output={output})",
+            f"req(min_tokens={params.min_tokens}, stop={sorted(params.stop_token_ids)}, min_p={params.min_p}, "
+            + f"logit_bias={params.logit_bias}, prompt={prompt}, output={output})",
         )
         for row, params, prompt, output in update.added
     ]
@@ -314,52 +328,170 @@ def check_process_dict_updates(process_dict_updates: Callable, seeds: Iterable[i
     passed("check_process_dict_updates", num_cases)
 
 
-def check_min_tokens_processor(processor_class: type, seeds: Iterable[int] = range(5)) -> None:
+def _run_processor_fuzz(processor_class: type, reference_class: type, *, argmax_invariant: bool,
+                        invariance_hint: str, describe_row: Callable[[FakeRequest], str],
+                        make_logits: Callable[[int, int, torch.Generator], torch.Tensor], hint: str,
+                        seeds: Iterable[int]) -> int:
+    """Drive the learner's processor and the reference through the same fuzz of BatchUpdates; after each
+    update_state, both apply to the same logits. Returns the number of steps compared."""
     vocab_size = 12
     config = LogitsProcessorConfig(vocab_size=vocab_size)
+    name = processor_class.__name__
     num_cases = 0
     for seed in seeds:
         steps = iter_batch_update_fuzz(seed, vocab_size=vocab_size)  # lengths as of each step
-        reference = ReferenceMinTokens(config, torch.device("cpu"), False)
-        with calling(
-            processor_class.__name__, {"vllm_config": config, "device": "cpu", "is_pin_memory": False}
-        ):
+        reference = reference_class(config, torch.device("cpu"), False)
+        with calling(name, {"vllm_config": config, "device": "cpu", "is_pin_memory": False}):
             processor = processor_class(config, torch.device("cpu"), False)
-            argmax_invariant = processor.is_argmax_invariant()
-        expect_equal(
-            f"{processor_class.__name__}.is_argmax_invariant()",
-            {},
-            False,
-            argmax_invariant,
-            "masking stop tokens can change the argmax: the processor must run before greedy sampling",
-        )
+            got_invariant = processor.is_argmax_invariant()
+        expect_equal(f"{name}.is_argmax_invariant()", {}, argmax_invariant, got_invariant, invariance_hint)
         generator = torch.Generator().manual_seed(seed)
         history: list[str] = []
         for index, step in enumerate(steps):
             history.append(_describe(step.update))
-            rows = [
-                f"row {row}: min_tokens={r.params.min_tokens}, stop={sorted(r.params.stop_token_ids)}, "
-                f"{len(r.output_token_ids)} output tokens"
-                for row, r in enumerate(step.rows)
-            ]
+            rows = [f"row {row}: {describe_row(r)}" for row, r in enumerate(step.rows)]
             inputs = {"seed": seed, "step": index, "this step's update": history[-1], "rows now": rows}
             reference.update_state(step.update)
-            with calling(f"{processor_class.__name__}.update_state", inputs):
+            with calling(f"{name}.update_state", inputs):
                 processor.update_state(step.update)
-            logits = torch.randn(len(step.rows), vocab_size, generator=generator)
+            logits = make_logits(len(step.rows), vocab_size, generator)
             expected = reference.apply(logits.clone())
-            with calling(f"{processor_class.__name__}.apply", inputs):
+            with calling(f"{name}.apply", inputs, expected=expected,
+                         hint=f"an IndexError here often means a state entry for a row that left the batch. {hint}"):
                 got = processor.apply(logits.clone())
-            _expect_logits(
-                f"{processor_class.__name__}.apply after update_state",
-                inputs,
-                expected,
-                got,
-                "a row whose request has fewer than min_tokens output tokens gets -inf on each of its "
-                "stop tokens; every other logit is left bit-identical. Follow the rows through "
-                "removes -> adds -> moves, and remember the output lists grow by reference",
-            )
+            _expect_logits(f"{name}.apply after update_state", {**inputs, "logits": _round(logits)}, expected, got,
+                           hint)
             num_cases += 1
+    return num_cases
+
+
+def _apply_once(processor_class: type, params: list[SamplingParams], logits: torch.Tensor) -> Any:
+    """A fresh processor told that every row was just added, applied to `logits` once."""
+    processor = processor_class(LogitsProcessorConfig(vocab_size=logits.shape[1]), torch.device("cpu"), False)
+    added = [(row, p, [row], []) for row, p in enumerate(params)]
+    processor.update_state(BatchUpdate(len(params), [], added, []))
+    return processor.apply(logits)
+
+
+def _count_apply_calls(processor_class: type, num_rows: int, make_params: Callable[[int], SamplingParams]) -> int:
+    """torch calls made by one `apply` on `num_rows` rows that all use the processor."""
+    vocab_size = 50
+    processor = processor_class(LogitsProcessorConfig(vocab_size=vocab_size), torch.device("cpu"), False)
+    added = [(row, make_params(row), [row], []) for row in range(num_rows)]
+    processor.update_state(BatchUpdate(num_rows, [], added, []))
+    logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(num_rows))
+    with CountTorchCalls() as counter:
+        processor.apply(logits)
+    return counter.count
+
+
+def _expect_vectorized(processor_class: type, make_params: Callable[[int], SamplingParams], hint: str) -> None:
+    name = processor_class.__name__
+    with calling(f"{name}.apply", {"note": "16 and 128 rows of 50 logits that all use it, to count torch calls"}):
+        few = _count_apply_calls(processor_class, 16, make_params)
+        many = _count_apply_calls(processor_class, 128, make_params)
+    expect_equal(f"{name}.apply is vectorized", {"torch calls with 16 rows": few}, f"<= {few + 8} calls with 128 rows",
+                 f"{many} calls with 128 rows", hint, equal=lambda expected, got: many <= few + 8)
+
+
+# ---------------------------------------------------------------- min-p
+# The phase's worked example: the probabilities of phase 08, min_p 0.3 | off | 1.0 on a row with a tie.
+WORKED_MIN_P = [0.3, 0.0, 1.0]
+
+
+def worked_min_p_logits() -> torch.Tensor:
+    probs = torch.tensor([[0.05, 0.40, 0.10, 0.30, 0.15], [0.05, 0.40, 0.10, 0.30, 0.15],
+                          [0.10, 0.35, 0.35, 0.15, 0.05]])
+    return probs.log()
+
+
+def _min_p_logits(num_rows: int, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
+    """Tempered logits: random scales, a grammar-like -inf on some tokens, an occasional tie at the top."""
+    scale = torch.rand(num_rows, 1, generator=generator) * 4 + 0.2
+    logits = torch.randn(num_rows, vocab_size, generator=generator) * scale
+    masked = torch.rand(num_rows, vocab_size, generator=generator) < 0.2
+    masked[:, 0] = False
+    logits[masked] = -float("inf")
+    if num_rows and bool(torch.rand((), generator=generator) < 0.5):
+        logits[0, 1] = logits[0, 0] = logits[0].max() + 0.5 if bool(torch.isfinite(logits[0]).any()) else 0.0
+    return logits
+
+
+MIN_P_HINT = ("min-p works on PROBABILITIES of each row (softmax of the tempered logits it is given), not on "
+              "logits: a token is dropped (-inf) when its probability is < min_p x the row's OWN largest "
+              "probability (strictly less: ties with the top token stay); a row with min_p = 0 and every kept "
+              "logit stay exactly as they were. Follow the rows through removes -> adds -> moves")
+
+
+def check_min_p_processor(processor_class: type, seeds: Iterable[int] = range(5)) -> None:
+    name = processor_class.__name__
+    params = [SamplingParams(temperature=1.0, min_p=m) for m in WORKED_MIN_P]
+    inputs = {"min_p by row": WORKED_MIN_P, "probs by row": [[0.05, 0.40, 0.10, 0.30, 0.15]] * 2
+              + [[0.10, 0.35, 0.35, 0.15, 0.05]], "logits": "their log"}
+    expected = _apply_once(ReferenceMinP, params, worked_min_p_logits())
+    with calling(f"{name} (the worked example)", inputs, expected=_round(expected)):
+        got = _apply_once(processor_class, params, worked_min_p_logits())
+    _expect_logits(f"{name} (the worked example)", inputs, expected, got, MIN_P_HINT)
+    num_cases = 1 + _run_processor_fuzz(
+        processor_class, ReferenceMinP, argmax_invariant=True,
+        invariance_hint="min-p never drops a row's most likely token, so it cannot change a greedy row's "
+                        "token: it is argmax-invariant (it runs after temperature and is skipped when "
+                        "every row is greedy)",
+        describe_row=lambda r: f"min_p={r.params.min_p}", make_logits=_min_p_logits, hint=MIN_P_HINT, seeds=seeds)
+    _expect_vectorized(processor_class, lambda row: SamplingParams(temperature=1.0, min_p=0.05 + row % 5 / 10),
+                       "no Python loop over rows in apply: one softmax, one amax per row and one masked_fill "
+                       "serve every row (keep min_p as a [rows, 1] tensor, rebuilt in update_state)")
+    passed("check_min_p_processor", num_cases + 1)
+
+
+# ---------------------------------------------------------------- logit bias
+WORKED_LOGIT_BIAS = [{1: -2.0, 4: 1.5}, None, {0: 5.0, 1: 0.25}]
+
+
+def _bias_logits(num_rows: int, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(num_rows, vocab_size, generator=generator) * 2
+
+
+LOGIT_BIAS_HINT = ("ADD (not set) logit_bias[token] to that token's logit in the request's own row; rows "
+                   "without a bias and the other tokens stay exactly as they were. Follow the rows through "
+                   "removes -> adds -> moves: a finished request's bias must leave with it, a moved one "
+                   "must follow it")
+
+
+def check_logit_bias_processor(processor_class: type, seeds: Iterable[int] = range(5)) -> None:
+    name = processor_class.__name__
+    params = [SamplingParams(logit_bias=bias) for bias in WORKED_LOGIT_BIAS]
+    logits = torch.arange(15, dtype=torch.float32).view(3, 5) / 4
+    inputs = {"logit_bias by row": WORKED_LOGIT_BIAS, "logits": _round(logits)}
+    expected = _apply_once(ReferenceLogitBias, params, logits.clone())
+    with calling(f"{name} (the worked example)", inputs, expected=_round(expected)):
+        got = _apply_once(processor_class, params, logits.clone())
+    _expect_logits(f"{name} (the worked example)", inputs, expected, got, LOGIT_BIAS_HINT)
+    num_cases = 1 + _run_processor_fuzz(
+        processor_class, ReferenceLogitBias, argmax_invariant=False,
+        invariance_hint="a bias can lift a token above a greedy row's argmax: logit bias is NOT "
+                        "argmax-invariant (it runs before greedy rows pick their token)",
+        describe_row=lambda r: f"logit_bias={r.params.logit_bias}", make_logits=_bias_logits,
+        hint=LOGIT_BIAS_HINT, seeds=seeds)
+    _expect_vectorized(processor_class, lambda row: SamplingParams(logit_bias={row % 50: 1.0, (row + 7) % 50: -2.0}),
+                       "no Python loop over rows in apply: keep (row ids, token ids) and the biases as flat "
+                       "tensors, rebuilt in update_state only when the rows changed, and add them with one "
+                       "indexed add")
+    passed("check_logit_bias_processor", num_cases + 1)
+
+
+# ---------------------------------------------------------------- min tokens
+def check_min_tokens_processor(processor_class: type, seeds: Iterable[int] = range(5)) -> None:
+    num_cases = _run_processor_fuzz(
+        processor_class, ReferenceMinTokens, argmax_invariant=False,
+        invariance_hint="masking stop tokens can change the argmax: the processor must run before greedy sampling",
+        describe_row=lambda r: (f"min_tokens={r.params.min_tokens}, stop={sorted(r.params.stop_token_ids)}, "
+                                f"{len(r.output_token_ids)} output tokens"),
+        make_logits=lambda rows, vocab, generator: torch.randn(rows, vocab, generator=generator),
+        hint="a row whose request has fewer than min_tokens output tokens gets -inf on each of its "
+             "stop tokens; every other logit is left bit-identical. Follow the rows through "
+             "removes -> adds -> moves, and remember the output lists grow by reference",
+        seeds=seeds)
     passed("check_min_tokens_processor", num_cases)
 
 
@@ -455,6 +587,9 @@ def check_condense(condense: Callable, seeds: Iterable[int] = range(30)) -> None
 PHASE = Phase("09_logits_processors", (
     Exercise("apply_all_penalties", check_apply_all_penalties, points=4, grade_id="test-penalties", part="apply_all_penalties"),
     Exercise("process_dict_updates", check_process_dict_updates, points=3, grade_id="test-dict-updates", part="process_dict_updates"),
+    Exercise("MinPLogitsProcessor", check_min_p_processor, points=3, grade_id="test-min-p", part="MinPLogitsProcessor"),
+    Exercise("LogitBiasLogitsProcessor", check_logit_bias_processor, points=3, grade_id="test-logit-bias",
+             part="LogitBiasLogitsProcessor"),
     Exercise("MinTokensLogitsProcessor", check_min_tokens_processor, points=4, grade_id="test-min-tokens", part="MinTokensLogitsProcessor"),
     Exercise("condense", check_condense, points=3, grade_id="test-condense", part="condense"),
 ))

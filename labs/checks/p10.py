@@ -2,13 +2,21 @@
 
     check_hash_block_tokens(hash_block_tokens)           vs mini.core.kv_cache_utils.hash_block_tokens
     check_hash_request_tokens(hash_request_tokens)       vs mini.core.kv_cache_utils.hash_request_tokens
-    check_find_longest_cache_hit(find_longest_cache_hit) vs mini.core.kv_cache_manager.find_longest_cache_hit
+    check_cache_full_blocks(cache_full_blocks)           vs mini.core.block_pool.BlockPool.cache_full_blocks
+    check_get_computed_blocks(get_computed_blocks)       vs mini.core.kv_cache_manager.KVCacheManager.get_computed_blocks
     check_touch(touch)                                   vs mini.core.block_pool.BlockPool.touch
+    check_maybe_evict_cached_block(_maybe_evict_cached_block)
+                                                         vs mini.core.block_pool.BlockPool._maybe_evict_cached_block
 
-vLLM v0.33.0's own `hash_block_tokens` (vllm/v1/core/kv_cache_utils.py), `BlockPool.touch`
-(vllm/v1/core/block_pool.py), `FullAttentionManager.find_longest_cache_hit`
-(vllm/v1/core/single_type_kv_cache_manager.py) and its request block hasher (`get_request_block_hasher`,
-vLLM's counterpart of mini's `hash_request_tokens`) pass these checks, adapted only in their call shape
+The three mechanism checks (publish, look up, evict) run a real reference `KVCacheManager` and one built with
+the learner's part side by side through a scripted workload and seeded random ones (`run_workload`), compare
+the two pools after every step and report the first step where they part.
+
+vLLM v0.33.0's own `hash_block_tokens` (vllm/v1/core/kv_cache_utils.py), `BlockPool.touch` and
+`BlockPool._maybe_evict_cached_block` (vllm/v1/core/block_pool.py), `KVCacheManager.get_computed_blocks`
+(vllm/v1/core/kv_cache_manager.py, with `FullAttentionManager.find_longest_cache_hit` from
+vllm/v1/core/single_type_kv_cache_manager.py) and its request block hasher (`get_request_block_hasher`, vLLM's
+counterpart of mini's `hash_request_tokens`) pass these checks, adapted only in their call shape
 (tests/test_course_vllm_answers_p10.py).
 """
 
@@ -17,14 +25,18 @@ from __future__ import annotations
 import random
 import types
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import NotImplementedYet, _where_it_raised, calling, expect_equal, passed
 from labs.manifest import Exercise, Phase
 from mini import roles
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
+from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.kv_cache_utils import sha256
+from mini.core.request import Request
+from mini.sampling_params import SamplingParams
 
 
 def _salted_sha256(input_object: Any) -> bytes:
@@ -88,7 +100,7 @@ def check_hash_block_tokens(candidate: Callable, seeds: Iterable[int] = range(5)
 
 # ---------------------------------------------------------------- hash_request_tokens
 def check_hash_request_tokens(candidate: Callable, seeds: Iterable[int] = range(10)) -> None:
-    reference = _reference("hash_request_tokens")
+    reference, block_hash = _reference("hash_request_tokens"), _reference("hash_block_tokens")
     fixed = [(4, list(range(10)), None, 0), (4, list(range(8)), "tenant-a", 0), (16, list(range(55)), None, 1),
              (2, [7], None, 0), (2, list(range(9)), "tenant-b", 2)]
     cases = list(fixed)
@@ -102,8 +114,8 @@ def check_hash_request_tokens(candidate: Callable, seeds: Iterable[int] = range(
         inputs = {"block_size": block_size, "token_ids": tokens, "cache_salt": salt, "hash_function": "sha256",
                   "known_hashes": f"the first {num_known} of the answer"}
         known = list(full[:num_known])
-        with calling("hash_request_tokens", inputs):
-            got = candidate(block_size, tokens, salt, sha256, known)
+        with calling("hash_request_tokens", inputs):   # the reference block hash: graded apart from Exercise 1
+            got = candidate(block_size, tokens, salt, sha256, known, hash_block_tokens=block_hash)
         expect_equal("hash_request_tokens(...)", inputs, full, got,
                      "one hash per FULL block, chained; the salt goes into the first block's extra keys only "
                      "(block_extra_keys); extend known_hashes instead of starting over")
@@ -111,48 +123,470 @@ def check_hash_request_tokens(candidate: Callable, seeds: Iterable[int] = range(
     passed("check_hash_request_tokens", len(cases))
 
 
-# ---------------------------------------------------------------- find_longest_cache_hit
-def _cached_pool(rng: random.Random, num_blocks: int, hashes: list[bytes]) -> BlockPool:
-    pool = BlockPool(num_blocks + 1, enable_caching=True)
-    blocks = pool.get_new_blocks(num_blocks)
-    cached = [index for index in range(min(num_blocks, len(hashes))) if rng.random() < 0.7]
-    for index in cached:
-        pool.cache_full_blocks(blocks, hashes, index, index + 1)
-    pool.free_blocks([block for block in blocks if rng.random() < 0.5])   # freed blocks stay cached
-    return pool
+# ---------------------------------------------------------------- the workload driver
+# The prefix cache's mechanism (publish full blocks, look them up, take the hits, evict on reuse) is checked
+# by running TWO real KVCacheManagers side by side through one workload, as the scheduler drives them: the
+# reference, and one built with the learner's part (mini.roles: the engine's own way of choosing a part).
+# After every step the two pools are compared (block hashes, ref counts, the cached-block map and its
+# duplicates, the free queue, and what the step returned); the first step where they part is reported with
+# the operations up to there and the first differing field only.
+
+_BLOCK_SIZE = 4
 
 
-def check_find_longest_cache_hit(candidate: Callable, seeds: Iterable[int] = range(20)) -> None:
-    reference = _reference("find_longest_cache_hit")
-    num_cases = 0
+@dataclass
+class _Side:
+    """One manager and the requests it serves (each side has its own Request objects)."""
+
+    manager: KVCacheManager
+    requests: dict[str, Request] = field(default_factory=dict)
+
+
+def _manager(parts: dict[str, Any], num_gpu_blocks: int, block_size: int, enable_caching: bool = True
+             ) -> KVCacheManager:
+    choices = roles.Choices(dict(parts)) if parts else roles.DEFAULT
+    return choices.resolve(KVCacheManager)(num_gpu_blocks, block_size, enable_caching=enable_caching,
+                                           choices=choices)
+
+
+def _ids(blocks: Any) -> list[int] | None:
+    return None if blocks is None else [block.block_id for block in blocks]
+
+
+def _new_request(op: tuple) -> Request:
+    _, request_id, tokens, _, salt, skip = op
+    params = SamplingParams(max_tokens=64, prompt_logprobs=1 if skip else None)
+    return Request(request_id, list(tokens), params, cache_salt=salt)
+
+
+def _apply(side: _Side, op: tuple) -> str:
+    """Run one scheduler-like operation on a side; return what it did, as one short line."""
+    manager, requests, kind, request_id = side.manager, side.requests, op[0], op[1]
+    if kind in ("admit", "resume"):
+        request = _new_request(op) if kind == "admit" else requests[request_id]
+        hits, num_hit_tokens = manager.get_computed_blocks(request)
+        num_new = min(op[3], request.num_tokens - num_hit_tokens)
+        new_blocks = manager.allocate_slots(request, num_new, num_hit_tokens, hits)
+        found = f"hits {_ids(hits)} ({num_hit_tokens} tokens)"
+        if new_blocks is None:
+            if kind == "admit":
+                manager.forget_request(request_id)
+            return f"{found}; no room, stays waiting"
+        requests[request_id] = request
+        request.num_computed_tokens = num_hit_tokens + num_new
+        return f"{found}; computes {num_new} tokens in new blocks {_ids(new_blocks)}"
+    request = requests[request_id]
+    if kind == "finish":
+        manager.free(request)
+        manager.forget_request(request_id)
+        del requests[request_id]
+        return "freed its blocks, last block first"
+    if kind == "decode":
+        request.append_output_token_ids(op[2])
+        num_new = 1
+    else:  # chunk / preempt: the next tokens of its prompt
+        num_new = min(op[2], request.num_tokens - request.num_computed_tokens)
+    new_blocks = manager.allocate_slots(request, num_new)
+    if new_blocks is None:
+        manager.free(request)
+        request.num_computed_tokens = 0
+        return "no room: preempted (blocks freed)"
+    if kind == "preempt":  # scheduled, then preempted in the same step: its new blocks were never written
+        manager.uncache_uncomputed_blocks(request)
+        manager.free(request)
+        request.num_computed_tokens = 0
+        return f"scheduled {num_new} tokens in new blocks {_ids(new_blocks)}, then preempted in the same step"
+    request.num_computed_tokens += num_new
+    return f"computes {num_new} tokens in new blocks {_ids(new_blocks)}"
+
+
+def _describe(op: tuple) -> str:
+    kind, request_id = op[0], op[1]
+    if kind == "admit":
+        _, _, tokens, chunk, salt, skip = op
+        extra = (f", cache_salt={salt!r}" if salt else "") + (", prompt_logprobs (skips reading the cache)"
+                                                                if skip else "")
+        return f"admit {request_id}: prompt {list(tokens)}{extra}, schedule up to {chunk} tokens"
+    if kind == "resume":
+        return f"resume {request_id} after its preemption, schedule up to {op[3]} tokens"
+    if kind == "decode":
+        return f"decode {request_id}: append token {op[2]}, schedule it"
+    if kind == "chunk":
+        return f"continue {request_id}'s prefill: schedule {op[2]} more tokens"
+    if kind == "preempt":
+        return f"schedule {op[2]} more tokens of {request_id}, then preempt it in the same step"
+    return f"finish {request_id}"
+
+
+class _HashNames:
+    """Readable names for block hashes: `A[1]` is the hash of request A's block 1 (the chain up to it)."""
+
+    def __init__(self) -> None:
+        self.names: dict[bytes, str] = {}
+
+    def learn(self, side: _Side) -> None:
+        for request_id, request in side.requests.items():
+            hashes = kv_cache_utils.hash_request_tokens(side.manager.block_size, request.all_token_ids,
+                                                        request.cache_salt, sha256)
+            for index, block_hash in enumerate(hashes):
+                self.names.setdefault(block_hash, f"{request_id}[{index}]")
+
+    def __call__(self, block_hash: bytes | None) -> str | None:
+        if block_hash is None:
+            return None
+        if not isinstance(block_hash, bytes):
+            return f"not a bytes hash: {block_hash!r}"
+        return self.names.get(block_hash, f"unknown hash {block_hash[:3].hex()}..")
+
+
+def _pool_fields(pool: BlockPool, name: _HashNames) -> dict[str, Any]:
+    """What is compared after every step, in the order a difference is reported."""
+    return {
+        "block_hash": {block.block_id: name(block.block_hash) for block in pool.blocks[1:]},
+        "ref_cnt": {block.block_id: block.ref_cnt for block in pool.blocks[1:]},
+        "cached_block_hash_to_block": {name(h): block.block_id for h, block in pool.cached_block_hash_to_block.items()},
+        "duplicate_cached_blocks": {name(h): list(copies) for h, copies in pool.duplicate_cached_blocks.items()},
+        "free queue (head first)": pool.free_block_ids(),
+    }
+
+
+def _first_difference(expected: dict[str, Any], got: dict[str, Any]) -> tuple[str, str, Any, Any] | None:
+    """(where, field, expected, got) of the first differing field (and entry, for a dict), or None."""
+    for field_name, want in expected.items():
+        have = got[field_name]
+        if have == want:
+            continue
+        if isinstance(want, dict) and isinstance(have, dict):
+            for key in [*want, *(k for k in have if k not in want)]:
+                if want.get(key, "(absent)") != have.get(key, "(absent)"):
+                    return (_WHERE[field_name].format(key=key), field_name, want.get(key, "(absent)"),
+                            have.get(key, "(absent)"))
+        return _WHERE[field_name].format(key=""), field_name, want, have
+    return None
+
+
+_WHERE = {
+    "block_hash": "block {key}'s hash",
+    "ref_cnt": "block {key}'s ref_cnt",
+    "cached_block_hash_to_block": "the cached-block map (hash -> block id), entry {key}",
+    "duplicate_cached_blocks": "the duplicates (hash -> ids of the later copies), entry {key}",
+    "free queue (head first)": "the free queue (block ids, head first)",
+    "what the step did": "what the step did",
+}
+
+
+def _expect_same_pool(what: str, inputs: dict[str, Any], expected: dict[str, Any], got: dict[str, Any],
+                      hints: dict[str, str]) -> None:
+    __tracebackhide__ = True
+    difference = _first_difference(expected, got)
+    if difference is not None:
+        where, field_name, want, have = difference
+        expect_equal(f"{what}: {where}", inputs, want, have, hints.get(field_name, hints["default"]))
+
+
+def _ops_so_far(log: list[str]) -> str:
+    shown = log if len(log) <= 24 else ["..."] + log[-23:]
+    return "\n".join(f"    {line}" for line in shown)
+
+
+_HASH_LEGEND = "  (hash names: A[1] is the chained hash of request A's block 1, shared by all requests with that prefix)"
+
+
+def _diverged(name: str, step: int, log: list[str], field_name: str, detail: str, hint: str) -> AssertionError:
+    lines = [f"`{name}`: your pool parts from the reference's at step {step}: {field_name}{detail}",
+             "  operations so far (step: what it did in the REFERENCE engine):", _ops_so_far(log),
+             _HASH_LEGEND,
+             f"  hint: {hint}"]
+    return AssertionError("\n".join(lines))
+
+
+def _raised(name: str, step: int, log: list[str], error: BaseException, hint: str) -> BaseException:
+    if isinstance(error, NotImplementedError):
+        return NotImplementedYet(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` in its "
+                                 f"answer cell")
+    where = _where_it_raised(error)
+    lines = [f"`{name}`: step {step} raised {type(error).__name__}: {' '.join(str(error).split())[:200]}"]
+    if where:
+        lines.append(f"  raised at: {where}")
+    lines += ["  operations so far (step: what it did in the REFERENCE engine):", _ops_so_far(log), f"  hint: {hint}"]
+    return AssertionError("\n".join(lines))
+
+
+def run_workload(name: str, candidate: Callable, ops: Iterable[tuple] | Callable[[_Side], tuple | None],
+                 num_gpu_blocks: int, hints: dict[str, str], block_size: int = _BLOCK_SIZE,
+                 max_steps: int = 30) -> int:
+    """Drive the reference and a manager holding `candidate` as part `name` through the same operations;
+    raise at the first step where they part. `ops`: a list, or a function of the reference side that picks
+    the next operation (None: stop). Returns the number of steps."""
+    __tracebackhide__ = True
+    reference = _Side(_manager({}, num_gpu_blocks, block_size))
+    learner = _Side(_manager({name: candidate}, num_gpu_blocks, block_size))
+    names, log = _HashNames(), []
+    script = iter(ops) if not callable(ops) else None
+    for step in range(1, max_steps + 1):
+        op = next(script, None) if script is not None else ops(reference)
+        if op is None:
+            return step - 1
+        did = _apply(reference, op)
+        log.append(f"{step}. {_describe(op)} -> {did}")
+        try:
+            got_did = _apply(learner, op)
+        except Exception as error:  # noqa: BLE001 - the learner's part raised, or broke the pool so the engine did
+            raise _raised(name, step, log, error, hints["raised"]) from None
+        names.learn(reference)
+        names.learn(learner)
+        expected = {"what the step did": did, **_pool_fields(reference.manager.block_pool, names)}
+        got = {"what the step did": got_did, **_pool_fields(learner.manager.block_pool, names)}
+        difference = _first_difference(expected, got)
+        if difference is not None:
+            where, field_name, want, have = difference
+            raise _diverged(name, step, log, where, f": expected {want}, got {have}",
+                            hints.get(field_name, hints["default"]))
+    return max_steps
+
+
+def scripted_ops(block_size: int = _BLOCK_SIZE) -> list[tuple]:
+    """The fixed workload (block size 4, a pool of 11 blocks): hits, a full-prompt hit (the last token is
+    recomputed, so a duplicate block appears), lazy eviction of a freed cached block and of a duplicate,
+    a hit revived from the free queue, a preemption in the same step, a salted request and a request that
+    skips reading the cache."""
+    assert block_size == 4
+    prompt = list(range(1, 9))   # two full blocks
+    return [
+        ("admit", "A", prompt + [9, 10], 16, None, False),
+        ("admit", "B", prompt + [11, 12, 13, 14], 16, None, False),
+        ("admit", "C", prompt, 16, None, False),
+        ("decode", "A", 20), ("decode", "A", 21),
+        ("finish", "A"), ("finish", "C"),
+        ("admit", "D", list(range(30, 46)), 16, None, False),
+        ("admit", "E", list(range(50, 62)), 4, None, False),
+        ("chunk", "E", 4), ("chunk", "E", 4),
+        ("finish", "B"), ("finish", "D"),
+        ("admit", "F", prompt + [11, 12, 13, 14, 15], 16, None, False),
+        ("admit", "G", list(range(60, 72)), 4, None, False),
+        ("preempt", "G", 8),
+        ("resume", "G", None, 16),
+        ("finish", "F"), ("finish", "G"),
+        ("admit", "H", prompt + [11], 16, "tenant-b", False),
+        ("admit", "I", prompt + [11, 12, 13, 14, 15], 16, None, True),
+        ("finish", "H"), ("finish", "I"),
+    ]
+
+
+def random_ops(seed: int, block_size: int) -> Callable[[_Side], tuple | None]:
+    """A seeded random workload: requests built from three shared prefixes and short tails of a tiny
+    vocabulary (so tails collide too), chunked prefills, decodes, finishes, preemptions, a few salts."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 6) for _ in range(rng.randint(1, 3) * block_size + rng.randrange(2))]
+                for _ in range(3)]
+    counter = iter(range(1, 1000))
+
+    def next_op(reference: _Side) -> tuple | None:
+        requests = reference.requests
+        prefilling = [r for r in requests.values() if 0 < r.num_computed_tokens < r.num_tokens]
+        done = [r for r in requests.values() if r.num_computed_tokens == r.num_tokens]
+        preempted = [r for r in requests.values() if r.num_computed_tokens == 0]
+        choices = ["admit"] * (3 if len(requests) < 4 else 1) + ["finish"] * (len(requests) > 0) * 2
+        choices += ["chunk", "chunk", "preempt"] * bool(prefilling) + ["decode", "decode"] * bool(done)
+        choices += ["resume"] * bool(preempted)
+        kind = rng.choice(choices)
+        if kind == "admit":
+            request_id = f"R{next(counter)}"
+            tokens = rng.choice(prefixes) + [rng.randrange(1, 6) for _ in range(rng.randrange(1, 2 * block_size))]
+            return ("admit", request_id, tokens, rng.choice([block_size, 2 * block_size, 64]),
+                    "tenant-b" if rng.random() < 0.1 else None, rng.random() < 0.08)
+        if kind == "finish":
+            return ("finish", rng.choice(sorted(requests)))
+        if kind in ("chunk", "preempt"):
+            return (kind, rng.choice(prefilling).request_id, rng.choice([1, block_size, 2 * block_size]))
+        if kind == "decode":
+            return ("decode", rng.choice(done).request_id, rng.randrange(1, 6))
+        return ("resume", rng.choice(preempted).request_id, None, 64)
+
+    return next_op
+
+
+def _workloads(name: str, candidate: Callable, seeds: Iterable[int], hints: dict[str, str]) -> int:
+    """The scripted workload, then one seeded random workload per seed (block sizes 2 and 4, small pools)."""
+    __tracebackhide__ = True
+    num_steps = run_workload(name, candidate, scripted_ops(), 11, hints)
     for seed in seeds:
         rng = random.Random(seed)
-        hashes = [rng.randbytes(32) for _ in range(rng.randint(1, 8))]
-        pool = _cached_pool(rng, 8, hashes)
-        if seed == 0:  # the classic: three cached blocks, ask with 55 tokens at block size 16
-            pool = BlockPool(9, enable_caching=True)
-            blocks = pool.get_new_blocks(4)
-            extra = [sha256(i) for i in range(3)]
-            pool.cache_full_blocks(blocks, hashes + extra, 0, 3)
-            hashes = (hashes + extra)[:3]
-        block_size = rng.choice([1, 4, 16])
-        for max_length in (len(hashes) * block_size, len(hashes) * block_size - 1, block_size, 0):
-            cached = sorted(b.block_id for b in pool.cached_blocks())
-            inputs = {"block_hashes (first bytes)": [f"{h[:2].hex()}.." for h in hashes],
-                      "which of them are cached (indexes)": [i for i, h in enumerate(hashes)
-                                                             if pool.get_cached_block(h) is not None],
-                      "max_cache_hit_length": max_length, "block_size": block_size, "cached block ids": cached}
-            expected = [b.block_id for b in reference(hashes, max_length, pool, block_size)]
-            before = _state(pool)
-            with calling("find_longest_cache_hit", inputs, expected=expected):
-                got = [b.block_id for b in candidate(hashes, max_length, pool, block_size)]
-            expect_equal("hit block ids", inputs, expected, got,
-                         "walk the hashes from the first, stop at the first miss, never more than "
-                         "max_cache_hit_length // block_size blocks")
-            expect_equal("the pool after find_longest_cache_hit", inputs, before, _state(pool),
-                         "a lookup changes nothing: no ref counts, no free queue (allocate_slots touches the hits)")
-            num_cases += 1
-    passed("check_find_longest_cache_hit", num_cases)
+        block_size = rng.choice([2, 4])
+        num_steps += run_workload(name, candidate, random_ops(seed, block_size), rng.randint(6, 12), hints,
+                                  block_size=block_size, max_steps=28)
+    return num_steps
+
+
+_RAISED_HINT = ("run the operations above on `KVCacheManager(11, 4, enable_caching=True)` with your function "
+                "plugged (`labs.plug`) to see the traceback; an engine assert (`was free with ref_cnt ...`, "
+                "`not in the free queue`) means an earlier step left the pool inconsistent")
+
+# ---------------------------------------------------------------- cache_full_blocks
+_CACHE_FULL_HINTS = {
+    "block_hash": "publish exactly the blocks that became full: indexes [num_cached_blocks, num_full_blocks) of "
+                  "`blocks`, each under the hash of the same index in `block_hashes`; a block that already holds "
+                  "a hash (a prefix hit this request took) keeps it",
+    "cached_block_hash_to_block": "a hash not in the map yet maps to its block; a hit must resolve to the OLDEST "
+                                  "block with that hash, so an existing entry is never overwritten",
+    "duplicate_cached_blocks": "two requests that computed the same prefix hold two blocks with one hash: the "
+                               "later one is kept as a duplicate, duplicate_cached_blocks[hash][block_id]; a "
+                               "block that already holds a hash (a prefix hit) is not registered again",
+    "default": "the cache differs, so later hits and evictions differ: cache_full_blocks changes only block "
+               "hashes and the map (no ref counts, no free queue)",
+    "raised": _RAISED_HINT,
+}
+
+
+def check_cache_full_blocks(candidate: Callable, seeds: Iterable[int] = range(6)) -> None:
+    num_steps = _workloads("cache_full_blocks", candidate, seeds, _CACHE_FULL_HINTS)
+    passed("check_cache_full_blocks", num_steps)
+
+
+# ---------------------------------------------------------------- get_computed_blocks
+_LOOKUP_HINT = ("the hits are the cached blocks of the LONGEST run of the request's leading full blocks (stop at "
+                "the first miss), holding at most num_tokens - 1 tokens (the last token is always computed, for "
+                "its logits); none when the request may not read the cache (prefix_cache_lookup_enabled)")
+_GET_COMPUTED_HINTS = {
+    "what the step did": _LOOKUP_HINT,
+    "ref_cnt": "a lookup changes nothing: allocate_slots takes the hits (touch) once the request is admitted",
+    "free queue (head first)": "a lookup changes nothing: allocate_slots takes the hits (touch) once the request "
+                               "is admitted",
+    "default": _LOOKUP_HINT,
+    "raised": _RAISED_HINT,
+}
+
+
+def _lookup_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
+    """A request, and which of its chain's full blocks the pool caches (indexes): a hole stops the hit."""
+    cases = [
+        {"block_size": 4, "prompt": list(range(1, 18)), "cached": [0, 2, 3], "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 17)), "cached": [0, 1, 2, 3], "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 18)), "cached": [0, 1, 2, 3], "prompt_logprobs": False},
+        {"block_size": 16, "prompt": list(range(1, 56)), "cached": [0, 1, 2], "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 18)), "cached": [0, 1, 2, 3], "prompt_logprobs": True},
+        {"block_size": 4, "prompt": [1, 2, 3], "cached": [], "prompt_logprobs": False},
+    ]
+    for seed in seeds:
+        rng = random.Random(seed)
+        for _ in range(3):
+            block_size = rng.choice([1, 2, 4])
+            prompt = [rng.randrange(1, 50) for _ in range(rng.randint(1, 6 * block_size))]
+            num_full = len(prompt) // block_size
+            cases.append({"block_size": block_size, "prompt": prompt, "prompt_logprobs": rng.random() < 0.1,
+                          "cached": sorted(rng.sample(range(num_full), rng.randint(0, num_full)))})
+    return cases
+
+
+def _lookup_setup(manager: KVCacheManager, case: dict[str, Any]) -> Request:
+    """Cache the chosen blocks of the case's chain (then free them: free but still cached, some in use)."""
+    params = SamplingParams(max_tokens=8, prompt_logprobs=1 if case["prompt_logprobs"] else None)
+    request = Request("req", case["prompt"], params)
+    hashes = kv_cache_utils.hash_request_tokens(case["block_size"], case["prompt"], None, sha256)
+    pool = manager.block_pool
+    blocks = pool.get_new_blocks(len(hashes))
+    for index in case["cached"]:
+        pool.cache_full_blocks(blocks, hashes, index, index + 1)
+    pool.free_blocks(blocks[::2])
+    return request
+
+
+def _lookup_hint(case: dict[str, Any], expected: tuple, got: tuple) -> str:
+    """The rule this case exercises, when the hit list tells which one was broken."""
+    got_ids, got_num = got
+    if case["prompt_logprobs"] and got_ids:
+        return ("a request asking for prompt logprobs may not read the cache (it needs every prompt token's "
+                "logits): prefix_cache_lookup_enabled(request) is false, so no hits")
+    if got_ids == expected[0] and got_num != expected[1]:
+        return "num_hit_tokens counts the TOKENS the hit blocks hold, not the blocks"
+    if isinstance(got_num, int) and got_num > len(case["prompt"]) - 1:
+        return ("at most num_tokens - 1 tokens may hit: the last token is always computed, for its logits, so a "
+                "fully cached prompt recomputes its last block")
+    if isinstance(got_ids, list) and len(got_ids) > len(expected[0]):
+        return ("stop at the first miss: a block is useful only if every block before it is cached too (its KV "
+                "depends on the whole prefix)")
+    return _LOOKUP_HINT
+
+
+def check_get_computed_blocks(candidate: Callable, seeds: Iterable[int] = range(6)) -> None:
+    name, num_cases, seeds = "get_computed_blocks", 0, list(seeds)
+    for case in _lookup_cases(seeds):
+        num_blocks = len(case["prompt"]) // case["block_size"] + 3
+        reference = _manager({}, num_blocks, case["block_size"])
+        learner = _manager({name: candidate}, num_blocks, case["block_size"])
+        requests = _lookup_setup(reference, case), _lookup_setup(learner, case)
+        names = _HashNames()
+        names.learn(_Side(reference, {"req": requests[0]}))
+        hits, num_hit_tokens = reference.get_computed_blocks(requests[0])
+        expected = (_ids(hits), num_hit_tokens)
+        inputs = {**case, "cached": f"the blocks of chain indexes {case['cached']} (block ids = index + 1)"}
+        before = _pool_fields(learner.block_pool, names)
+        with calling(name, inputs, expected=expected, hint=_LOOKUP_HINT):
+            got_hits, got_num = candidate(learner, requests[1])
+        got = (_ids(got_hits), got_num)
+        expect_equal("(hit block ids, num_hit_tokens)", inputs, expected, got, _lookup_hint(case, expected, got))
+        _expect_same_pool("the pool after the lookup", inputs, before, _pool_fields(learner.block_pool, names),
+                          {"default": _GET_COMPUTED_HINTS["ref_cnt"]})
+        num_cases += 1
+    num_cases += _workloads(name, candidate, seeds, _GET_COMPUTED_HINTS)
+    passed("check_get_computed_blocks", num_cases)
+
+
+# ---------------------------------------------------------------- _maybe_evict_cached_block
+_EVICT_HINTS = {
+    "return": "True when the block had a hash (it was evicted), False when there was nothing to evict",
+    "what the step did": "this step's hits differ because an earlier eviction left a different cache: a hash "
+                         "must stop resolving to a block handed out for reuse, and keep resolving while a copy "
+                         "of it remains",
+    "block_hash": "an evicted block forgets its hash: its slots are about to be overwritten with other tokens",
+    "cached_block_hash_to_block": "the evicted block leaves the map; if it was the map's block for its hash and "
+                                  "copies remain, the OLDEST copy (first inserted in duplicate_cached_blocks) takes "
+                                  "its place, so the hash still resolves",
+    "duplicate_cached_blocks": "an evicted copy leaves duplicate_cached_blocks[hash]; a hash left with no copies "
+                               "leaves duplicate_cached_blocks",
+    "default": "the cache differs after an eviction, so later hits differ: look at the map at the step before",
+    "raised": _RAISED_HINT,
+}
+
+
+def _evict_cases() -> list[tuple[str, list[tuple[int, str]], int]]:
+    """(what, blocks to cache in order as (block id, hash name), the block to evict)."""
+    return [
+        ("a block that holds no hash", [(1, "h0")], 2),
+        ("the only block of its hash", [(1, "h0"), (2, "h1")], 1),
+        ("the map's block of a hash with two later copies", [(1, "h0"), (2, "h0"), (3, "h1"), (4, "h0")], 1),
+        ("a later copy (a duplicate)", [(1, "h0"), (2, "h0"), (3, "h0")], 2),
+        ("the only later copy of its hash", [(1, "h0"), (2, "h0")], 2),
+    ]
+
+
+def check_maybe_evict_cached_block(candidate: Callable, seeds: Iterable[int] = range(6)) -> None:
+    name = "_maybe_evict_cached_block"
+    num_cases = 0
+    hashes = {f"h{i}": sha256(("block", i)) for i in range(2)}
+    names = _HashNames()
+    names.names.update({value: key for key, value in hashes.items()})
+    for what, cached, victim in _evict_cases():
+        pools = []
+        for _ in range(2):   # the reference's pool, and one your function is called on (set up alike)
+            pool = BlockPool(6, enable_caching=True)
+            blocks = pool.get_new_blocks(5)
+            for block_id, hash_name in cached:
+                pool.cache_full_blocks([blocks[block_id - 1]], [hashes[hash_name]], 0, 1)
+            pools.append(pool)
+        reference, learner = pools
+        inputs = {"case": what, "cached, in this order (block id, hash)": cached, "evict block": victim,
+                  "map before": _pool_fields(reference, names)["cached_block_hash_to_block"],
+                  "duplicates before": _pool_fields(reference, names)["duplicate_cached_blocks"]}
+        expected_return = BlockPool._maybe_evict_cached_block(reference, reference.blocks[victim])
+        with calling(name, inputs, expected=expected_return, hint=_EVICT_HINTS["cached_block_hash_to_block"]):
+            got_return = candidate(learner, learner.blocks[victim])
+        expect_equal("the return value", inputs, expected_return, got_return, _EVICT_HINTS["return"])
+        _expect_same_pool("the pool after the eviction", inputs, _pool_fields(reference, names),
+                          _pool_fields(learner, names), _EVICT_HINTS)
+        num_cases += 1
+    num_cases += _workloads(name, candidate, seeds, _EVICT_HINTS)
+    passed("check_maybe_evict_cached_block", num_cases)
 
 
 # ---------------------------------------------------------------- touch
@@ -213,8 +647,15 @@ def check_touch(candidate: Callable, seeds: Iterable[int] = range(20)) -> None:
 
 
 PHASE = Phase("10_prefix_caching", (
-    Exercise("hash_block_tokens", check_hash_block_tokens, points=2, grade_id="test-hash-block-tokens", part="hash_block_tokens"),
-    Exercise("hash_request_tokens", check_hash_request_tokens, points=2, grade_id="test-hash-request-tokens", part="hash_request_tokens"),
-    Exercise("find_longest_cache_hit", check_find_longest_cache_hit, points=3, grade_id="test-longest-hit", part="find_longest_cache_hit"),
-    Exercise("touch", check_touch, points=2, grade_id="test-touch", part="touch"),
+    Exercise("hash_block_tokens", check_hash_block_tokens, points=1, grade_id="test-hash-block-tokens",
+             part="hash_block_tokens"),
+    Exercise("hash_request_tokens", check_hash_request_tokens, points=2, grade_id="test-hash-request-tokens",
+             part="hash_request_tokens"),
+    Exercise("cache_full_blocks", check_cache_full_blocks, points=4, grade_id="test-cache-full-blocks",
+             part="cache_full_blocks"),
+    Exercise("get_computed_blocks", check_get_computed_blocks, points=3, grade_id="test-get-computed-blocks",
+             part="get_computed_blocks"),
+    Exercise("touch", check_touch, points=1, grade_id="test-touch", part="touch"),
+    Exercise("_maybe_evict_cached_block", check_maybe_evict_cached_block, points=4,
+             grade_id="test-maybe-evict-cached-block", part="_maybe_evict_cached_block"),
 ))

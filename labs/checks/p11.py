@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
-from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
+from labs.checks.common import CountTorchCalls, calling, expect_equal, expect_same, passed
 from labs.manifest import Exercise, Phase
 from mini import roles
 from mini.structured_output.dfa import DEAD, DFA, build_dfa, byte_classes
@@ -101,9 +101,14 @@ def check_subset_construction(candidate: Callable, seeds: Iterable[int] = range(
         with calling("subset_construction", inputs):
             table, accepting = candidate(nfa, class_of)
         got = canonical([list(row) for row in table], list(accepting))
-        expect_equal("subset_construction(nfa, class_of), states renumbered breadth-first", inputs, expected,
-                     got, "state 0 = closure of nfa.start; for each class, move every NFA state of the set "
-                     "along edges covering that class, close, number new sets as found; DEAD (-1) for no move")
+        inputs["states renumbered"] = "breadth-first from state 0, classes in order (any numbering is accepted)"
+        expect_same("subset_construction(nfa, class_of): the transition table", inputs, expected[0], got[0],
+                    "state 0 = closure of nfa.start; for each class, move every NFA state of the set along the "
+                    "edges covering that class (an edge lo..hi covers classes class_of[lo]..class_of[hi]), "
+                    "close the result, number new sets as found; DEAD (-1) when no NFA state moves",
+                    axis_names=("dfa state", "byte class"))
+        expect_same("subset_construction(nfa, class_of): the accepting flags", inputs, expected[1], got[1],
+                    "a DFA state accepts when its set of NFA states holds nfa.accept", axis_names=("dfa state",))
         num_cases += 1
     passed("check_subset_construction", num_cases)
 
@@ -129,7 +134,13 @@ def check_allowed_token_ids(candidate: Callable, seeds: Iterable[int] = range(10
                       "vocab": {i: b for i, b in enumerate(vocab) if b}}
             with calling("allowed_token_ids", inputs, expected=expected):
                 got = candidate(token_index, state)
-            expect_equal("allowed_token_ids(self, state)", inputs, expected, sorted(got),
+            got = sorted(got)
+            if got != expected:
+                missing = sorted(set(expected) - set(got))
+                extra = sorted(set(got) - set(expected))
+                inputs["tokens wrongly left out (their bytes)"] = {t: vocab[t] or "EOS" for t in missing}
+                inputs["tokens wrongly allowed (their bytes)"] = {t: vocab[t] or "EOS" for t in extra}
+            expect_equal("allowed_token_ids(self, state)", inputs, expected, got,
                          "walk the trie (self.trie.children / token_ids) and the DFA (self.dfa.transitions) "
                          "together from `state`; a token is allowed if its last byte is reached alive; add "
                          "self.eos_token_id when the state is accepting")
@@ -138,6 +149,11 @@ def check_allowed_token_ids(candidate: Callable, seeds: Iterable[int] = range(10
 
 
 # ---------------------------------------------------------------- pack_allowed
+def _bit(words: np.ndarray, token: int) -> int:
+    word = token // 32
+    return int((int(words[word]) & 0xFFFFFFFF) >> (token % 32) & 1) if word < len(words) else 0
+
+
 def check_pack_allowed(candidate: Callable, seeds: Iterable[int] = range(20)) -> None:
     reference = _reference("pack_allowed")
     cases = [([0, 1, 31], 32), ([31, 32], 40), ([], 5), (list(range(70)), 70)]
@@ -152,8 +168,15 @@ def check_pack_allowed(candidate: Callable, seeds: Iterable[int] = range(20)) ->
             got = np.asarray(candidate(list(allowed), vocab_size))
         expect_equal("pack_allowed(...) dtype and shape", inputs, ("int32", expected.shape), (str(got.dtype), got.shape),
                      "one int32 word per 32 tokens: ceil(vocab_size / 32) words")
-        expect_equal("pack_allowed(...)", inputs, expected.tolist(), got.tolist(),
-                     "token t is bit t % 32 of word t // 32 (bit 31 set makes the int32 negative)")
+        wrong_tokens = [t for t in range(vocab_size) if _bit(expected, t) != _bit(got, t)]
+        if wrong_tokens:
+            t = wrong_tokens[0]
+            inputs["first wrong token"] = (f"token {t} (bit {t % 32} of word {t // 32}): expected "
+                                           f"{'allowed' if _bit(expected, t) else 'not allowed'}, got "
+                                           f"{'allowed' if _bit(got, t) else 'not allowed'}")
+        expect_same("pack_allowed(...)", inputs, expected, got,
+                    "token t is bit t % 32 of word t // 32 (bit 31 set makes the int32 negative)",
+                    axis_names=("word",))
     passed("check_pack_allowed", len(cases))
 
 
@@ -176,9 +199,9 @@ def check_apply_token_bitmask_inplace(candidate: Callable, seeds: Iterable[int] 
         mine = logits.clone()
         with calling("apply_token_bitmask_inplace", inputs):
             returned = candidate(mine, bitmask.clone(), None if indices is None else indices.clone())
-        expect_equal("logits after apply_token_bitmask_inplace", inputs, expected.tolist(), mine.tolist(),
-                     "in place: -inf for every token whose bit is 0 in rows `indices` (all rows if None); "
-                     "other rows untouched")
+        expect_same("logits after apply_token_bitmask_inplace", inputs, expected, mine,
+                    "in place: -inf for every token whose bit is 0 in rows `indices` (all rows if None); "
+                    "other rows untouched", axis_names=("logits row", "token"))
         expect_equal("the returned tensor", inputs, True, returned is mine or torch.equal(returned, mine),
                      "return the logits tensor you edited")
         num_cases += 1

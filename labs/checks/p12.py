@@ -3,7 +3,8 @@
     check_propose_ngram(propose_ngram)                    vs mini.spec_decode.ngram_proposer.propose_ngram
     check_compute_residual_probs(compute_residual_probs)  vs mini.sample.rejection_sampler.compute_residual_probs
     check_rejection_sample(rejection_sample)              vs mini.sample.rejection_sampler.rejection_sample
-    check_rollback_spec_tokens(rollback_spec_tokens)      vs mini.core.sched.scheduler.rollback_spec_tokens
+    check_prepare_eagle_inputs(prepare_eagle_inputs)      vs mini.spec_decode.eagle.prepare_eagle_inputs
+    check_compute_draft_slots(compute_draft_slots)        vs mini.spec_decode.model_proposer.compute_draft_slots
 
 The first case of each is the phase's worked example. The rejection sampler is random: greedy rows must
 match the reference exactly; random rows must be well formed (accepted drafts, then one recovered or bonus
@@ -17,8 +18,12 @@ vLLM counterparts: `propose_ngram` is `_find_longest_matched_ngram_and_propose_t
 (vllm/v1/sample/rejection_sampler.py: `rejection_greedy_sample_kernel`, `rejection_random_sample_kernel`,
 `sample_recovered_tokens_kernel`, driven by `rejection_sample`); run under Triton's interpreter, it passes
 `check_rejection_sample`. `compute_residual_probs` has no counterpart (the kernel never normalises the
-residual), nor has `rollback_spec_tokens` (inline code in `Scheduler.update_from_output`,
-vllm/v1/core/sched/scheduler.py).
+residual). `prepare_eagle_inputs` is what `SpecDecodeBaseProposer.prepare_inputs` (drop the rejected drafts)
+and `set_inputs_first_pass` (shift the ids, the next token last) do together
+(vllm/v1/spec_decode/llm_base_proposer.py); `compute_draft_slots` is `eagle_step_slot_mapping_metadata_kernel`
+(vllm/v1/spec_decode/utils.py) over the k - 1 further passes. The rollback of the rejected drafts (the
+scheduler's `rollback_spec_tokens`) is no exercise of its own: `prepare_eagle_inputs` counts the rejected
+drafts the same way.
 """
 
 from __future__ import annotations
@@ -282,13 +287,50 @@ def _check_row_shape(row_index: int, row: list[int], case: dict[str, Any], input
         tail = row[accepted + 1:]
     else:
         bonus = int(case["bonus_token_ids"][row_index])
+        t, draft = start + num_drafts - 1, drafts[-1] if drafts else None
+        rejectable = draft is not None and float(target[t, draft]) < (
+            1.0 if draft_probs is None else float(draft_probs[t, draft]))
         expect_equal(f"{what}: the token after {num_drafts} accepted drafts", inputs, bonus, row[accepted],
-                     "when every draft is accepted, the row's bonus token follows them; if the draft was in fact "
-                     "rejected, the token you emitted in its place repeated it: after a rejection, sample the "
-                     "residual max(0, p - q), which never gives the rejected draft")
+                     RESIDUAL_NOT_DRAFT_HINT if rejectable and row[accepted] == PLACEHOLDER_TOKEN_ID
+                     else "when every draft is accepted, the row's bonus token follows them")
         tail = row[accepted + 1:]
     expect_equal(f"{what}: the padding after the last token", inputs, [PLACEHOLDER_TOKEN_ID] * len(tail), tail,
                  "everything after the recovered or bonus token is -1 (PLACEHOLDER_TOKEN_ID)")
+
+
+RESIDUAL_NOT_DRAFT_HINT = (
+    "the row ends with its last draft and no token after it: either that draft was accepted and the bonus token "
+    "is missing, or it was REJECTED and the token you emitted in its place repeated it. After a rejection, "
+    "sample the residual max(0, p - q) normalised: it gives the rejected draft probability 0")
+
+
+def _check_recovered_from_residual(rejection_sample: Callable) -> int:
+    """One draft per row, n-gram style (q one-hot), p(draft) = 0.5: accepted half the time (then [d, bonus]),
+    rejected otherwise (then [r, -1] with r != d, since the residual is p without d). A row [d, -1] next to
+    rows [d, bonus] means the bonus logic works and the recovered token repeated the draft."""
+    __tracebackhide__ = True
+    num_rows = 400
+    target = torch.tensor([[0.5, 0.2, 0.2, 0.1]]).repeat(num_rows, 1)
+    case = {"draft_token_ids": torch.zeros(num_rows, dtype=torch.int64), "num_draft_tokens": [1] * num_rows,
+            "draft_probs": None, "target_probs": target, "bonus_token_ids": torch.full((num_rows,), 3),
+            "is_greedy": torch.zeros(num_rows, dtype=torch.bool), "seeds": {}}
+    inputs = {"rows": num_rows, "each row": "draft [0] with q one-hot (draft_probs None), p = [0.5, 0.2, 0.2, 0.1], "
+              "bonus 3, random (not greedy)"}
+    torch.manual_seed(0)
+    with calling("rejection_sample", inputs, hint=REJECTION_HINT):
+        got = _call(rejection_sample, case, {})
+    rows = _rows("rejection_sample", got, inputs, (num_rows, 2))
+    with_bonus = sum(row == [0, 3] for row in rows)
+    repeated = [index for index, row in enumerate(rows) if row == [0, PLACEHOLDER_TOKEN_ID]]
+    if with_bonus and repeated:
+        expect_equal(f"rejection_sample: row {repeated[0]} (and {len(repeated) - 1} more) emitted the rejected "
+                     "draft 0 as its recovered token", inputs,
+                     "accepted rows [0, 3] (draft, bonus); rejected rows [r, -1] with r in {1, 2, 3}",
+                     f"{with_bonus} rows [0, 3] and {len(repeated)} rows [0, -1]",
+                     "after a rejection, sample the residual max(0, p - q) normalised (q one-hot at the draft: p "
+                     "without the draft's own probability), never p itself: the residual gives the rejected draft "
+                     "probability 0", equal=lambda _a, _b: False)
+    return 1
 
 
 def _slice_row(case: dict[str, Any], row: int) -> dict[str, Any]:
@@ -385,7 +427,9 @@ def check_rejection_sample(rejection_sample: Callable, seeds: Iterable[int] = ra
     reference = _reference("rejection_sample")
     num_cases = 0
     cases = [_worked_rejection_case()] + [_rejection_case(seed) for seed in seeds]
-    for case in cases:
+    for case_number, case in enumerate(cases):
+        if case_number == 1:    # after the greedy worked example, before any random row
+            num_cases += _check_recovered_from_residual(rejection_sample)
         inputs = _case_inputs(case)
         batch_size = len(case["num_draft_tokens"])
         shape = (batch_size, max(case["num_draft_tokens"], default=0) + 1)
@@ -406,7 +450,8 @@ def check_rejection_sample(rejection_sample: Callable, seeds: Iterable[int] = ra
         for index in case["seeds"]:
             expect_equal(f"rejection_sample(...) seeded row {index}: two calls with the same seed", inputs,
                          runs[0][index], runs[1][index],
-                         "a seeded row draws every random number from generators[row]: same seed, same tokens")
+                         "a seeded row draws every random number from its own generator, generators[row]: same seed, "
+                         "same tokens")
             alone = _slice_row(case, index)
             with calling("rejection_sample", _case_inputs(alone), hint=REJECTION_HINT):
                 got_alone = _call(rejection_sample, alone, _generators(alone["seeds"]))
@@ -421,35 +466,225 @@ def check_rejection_sample(rejection_sample: Callable, seeds: Iterable[int] = ra
     passed("check_rejection_sample", num_cases)
 
 
-# ---------------------------------------------------------------- rollback_spec_tokens
-ROLLBACK_HINT = ("the step generated g tokens: g - 1 accepted drafts and one recovered or bonus token; the "
-                 "k - (g - 1) rejected drafts had been counted in num_computed_tokens at schedule time, so "
-                 "subtract them; return (the new num_computed_tokens, the number of accepted drafts)")
+# ---------------------------------------------------------------- prepare_eagle_inputs
+EAGLE_SHIFT_HINT = ("the head reads, at kept row r, the id of the NEXT kept row of the same request (the ids shift "
+                    "left by one inside each request); a request's last input reads next_token_ids[b] instead")
+EAGLE_KEEP_HINT = ("keep each request's rows in order, minus its rejected drafts (its last rows): a request that "
+                   "verified d > 0 drafts and emitted s tokens accepted s - 1 of them; a request without drafts "
+                   "rejects nothing, also mid-prefill where it emitted s = 0 tokens")
+EAGLE_LAST_HINT = ("last_indices[b] counts among the head's N inputs (the kept rows, packed), not among the "
+                   "target's T rows")
+EAGLE_OUTPUTS = ("input_ids", "positions", "hidden_indices", "last_indices")
+EAGLE_HINTS = {"input_ids": EAGLE_SHIFT_HINT, "positions": EAGLE_KEEP_HINT, "hidden_indices": EAGLE_KEEP_HINT,
+               "last_indices": EAGLE_LAST_HINT}
 
 
-def check_rollback_spec_tokens(rollback_spec_tokens: Callable, seeds: Iterable[int] = range(20)) -> None:
-    reference = _reference("rollback_spec_tokens")
-    cases = [(14, 3, 2), (14, 3, 4), (14, 3, 1), (9, 1, 1), (9, 1, 2), (40, 5, 3)]
+def _worked_eagle_case() -> dict[str, Any]:
+    """The phase's worked example: request 0 decodes without drafts, request 1 verified drafts [22, 23] and
+    emitted [22, 25] (22 accepted, 23 rejected, 25 recovered), request 2 is mid-prefill (next prompt token 33)."""
+    return {"target_token_ids": [11, 21, 22, 23, 31, 32], "target_positions": [7, 4, 5, 6, 0, 1],
+            "query_start_loc": [0, 1, 4, 6], "num_draft_tokens": [0, 2, 0], "num_sampled_tokens": [1, 2, 0],
+            "next_token_ids": [12, 25, 33]}
+
+
+def _random_eagle_case(rng: random.Random) -> dict[str, Any]:
+    """Requests of four kinds: a plain decode, a decode that verified d drafts, a prefill chunk (mid-prompt,
+    emits nothing) and a last prefill chunk (emits one token)."""
+    ids, positions, starts, drafts, sampled, next_ids = [], [], [0], [], [], []
+    for _ in range(rng.randint(1, 5)):
+        kind = rng.choice(("decode", "spec", "spec", "chunk", "last_chunk"))
+        computed = rng.randint(0, 40)
+        if kind == "decode":
+            count, d, s = 1, 0, 1
+        elif kind == "spec":
+            d = rng.randint(1, 5)
+            count, s = d + 1, rng.randint(1, d + 1)
+        else:
+            count, d, s = rng.randint(1, 6), 0, (0 if kind == "chunk" else 1)
+        ids += [rng.randrange(100, 1000) for _ in range(count)]
+        positions += list(range(computed, computed + count))
+        starts.append(starts[-1] + count)
+        drafts.append(d)
+        sampled.append(s)
+        next_ids.append(rng.randrange(100, 1000))
+    return {"target_token_ids": ids, "target_positions": positions, "query_start_loc": starts,
+            "num_draft_tokens": drafts, "num_sampled_tokens": sampled, "next_token_ids": next_ids}
+
+
+def _eagle_call(function: Callable, case: dict[str, Any]) -> Any:
+    return function(torch.tensor(case["target_token_ids"], dtype=torch.int64),
+                    torch.tensor(case["target_positions"], dtype=torch.int64),
+                    torch.tensor(case["query_start_loc"], dtype=torch.int32), list(case["num_draft_tokens"]),
+                    list(case["num_sampled_tokens"]), torch.tensor(case["next_token_ids"], dtype=torch.int64))
+
+
+def _first_difference(expected: list, got: list) -> int:
+    for index, (want, have) in enumerate(zip(expected, got)):
+        if want != have:
+            return index
+    return min(len(expected), len(got))
+
+
+def _window(values: list, index: int, radius: int = 3) -> str:
+    lo = max(0, index - radius)
+    shown = ", ".join(f"[{i}]={values[i]}" for i in range(lo, min(len(values), index + radius + 1)))
+    return ("... " if lo else "") + shown + (" ..." if index + radius + 1 < len(values) else "")
+
+
+def _owner_of_kept_row(case_expected_last: list[int], index: int) -> int:
+    for request, last in enumerate(case_expected_last):
+        if index <= last:
+            return request
+    return len(case_expected_last) - 1
+
+
+def check_prepare_eagle_inputs(prepare_eagle_inputs: Callable, seeds: Iterable[int] = range(30)) -> None:
+    reference = _reference("prepare_eagle_inputs")
+    cases = [_worked_eagle_case()]
     for seed in seeds:
         rng = random.Random(seed)
-        k = rng.randint(1, 8)
-        cases.append((rng.randint(k + 2, 200), k, rng.randint(1, k + 1)))
-    for num_computed, k, generated in cases:
-        inputs = {"num_computed_tokens": num_computed, "num_scheduled_spec_tokens": k, "num_generated_tokens": generated}
-        expected = tuple(int(v) for v in reference(num_computed, k, generated))
-        with calling("rollback_spec_tokens", inputs, expected=expected, hint=ROLLBACK_HINT):
-            got = rollback_spec_tokens(num_computed, k, generated)
-        got = tuple(int(v) for v in got) if isinstance(got, (tuple, list)) else got
-        expect_equal("rollback_spec_tokens(...)", inputs, expected, got, ROLLBACK_HINT)
-    passed("check_rollback_spec_tokens", len(cases))
+        cases += [_random_eagle_case(rng) for _ in range(2)]
+    for case in cases:
+        expected = [_as_list(value) for value in _eagle_call(reference, case)]
+        inputs = dict(case)
+        with calling("prepare_eagle_inputs", inputs, expected=dict(zip(EAGLE_OUTPUTS, expected)),
+                     hint=EAGLE_SHIFT_HINT):
+            got = _eagle_call(prepare_eagle_inputs, case)
+        if not isinstance(got, (tuple, list)) or len(got) != 4:
+            expect_equal("prepare_eagle_inputs(...)", inputs, "a tuple of 4 int64 tensors (input_ids, positions, "
+                         "hidden_indices, last_indices)", type(got).__name__, EAGLE_SHIFT_HINT)
+        got_lists = [[int(v) for v in _as_list(value)] for value in got]
+        # The kept rows first (they decide every other output), then the ids read there, then the rest.
+        for name in ("hidden_indices", "positions", "input_ids", "last_indices"):
+            want, have = expected[EAGLE_OUTPUTS.index(name)], got_lists[EAGLE_OUTPUTS.index(name)]
+            if want == have:
+                continue
+            index = _first_difference(want, have)
+            last = expected[3]
+            where = (f"{name}[{index}] (request {_owner_of_kept_row(last, index)})" if name != "last_indices"
+                     else f"last_indices[{index}] (request {index})")
+            expect_equal(f"prepare_eagle_inputs(...): {where}, the first wrong entry", inputs,
+                         f"{name} = {want}   (around it: {_window(want, index)})",
+                         f"{name} = {have}   (around it: {_window(have, index)})", EAGLE_HINTS[name])
+    passed("check_prepare_eagle_inputs", len(cases))
+
+
+# ---------------------------------------------------------------- compute_draft_slots
+DRAFT_SLOT_HINT = ("pass j (0-based) feeds the request's newest draft at position last + 1 + j; its K/V goes to "
+                   "that position's slot: block_table[b, position // block_size] * block_size + position % "
+                   "block_size")
+DRAFT_PAD_HINT = ("a position >= max_model_len has no slot: position 0 and slot PADDING_SLOT_ID (-1), as vLLM's "
+                  "eagle_step_slot_mapping_metadata_kernel does")
+DRAFT_CLAMP_HINT = ("never read past the block table's last column: clamp the block number to "
+                    "block_table.shape[1] - 1, as vLLM's kernel does")
+
+
+def _worked_slots_case() -> dict[str, Any]:
+    """block_size 4; request 0's last input at position 6, request 1's at 9; 3 more passes; max_model_len 12."""
+    return {"last_positions": [6, 9], "block_table": [[3, 7, 4], [5, 2, 9]], "block_size": 4, "num_steps": 3,
+            "max_model_len": 12}
+
+
+def _random_slots_case(rng: random.Random) -> dict[str, Any]:
+    block_size = rng.choice((1, 2, 4, 8, 16))
+    batch, width = rng.randint(1, 5), rng.randint(1, 5)
+    num_blocks = rng.randint(width + 1, 40)
+    table = [[rng.randrange(1, num_blocks) for _ in range(width)] for _ in range(batch)]
+    capacity = width * block_size
+    num_steps = rng.randint(0, 5)
+    last = [rng.randrange(0, capacity) for _ in range(batch)]
+    # max_model_len: often within reach of the passes (padding), sometimes past the table (block clamp).
+    max_model_len = rng.choice((capacity, capacity + block_size, max(last) + rng.randint(1, 4), 10**6))
+    return {"last_positions": last, "block_table": table, "block_size": block_size, "num_steps": num_steps,
+            "max_model_len": max_model_len}
+
+
+def _slots_call(function: Callable, case: dict[str, Any]) -> Any:
+    return function(torch.tensor(case["last_positions"], dtype=torch.int64),
+                    torch.tensor(case["block_table"], dtype=torch.int32), case["block_size"], case["num_steps"],
+                    case["max_model_len"])
+
+
+def check_compute_draft_slots(compute_draft_slots: Callable, seeds: Iterable[int] = range(40)) -> None:
+    reference = _reference("compute_draft_slots")
+    cases = [_worked_slots_case()] + [_random_slots_case(random.Random(seed)) for seed in seeds]
+    for case in cases:
+        want_positions, want_slots = (_as_list(value) for value in _slots_call(reference, case))
+        inputs = dict(case)
+        with calling("compute_draft_slots", inputs, expected={"positions": want_positions, "slots": want_slots},
+                     hint=DRAFT_CLAMP_HINT):
+            got = _slots_call(compute_draft_slots, case)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            expect_equal("compute_draft_slots(...)", inputs, "a tuple (positions, slot_mapping) of int64 "
+                         "[B, num_steps] tensors", type(got).__name__, DRAFT_SLOT_HINT)
+        got_positions, got_slots = (_as_list(value) for value in got)
+        shape = [len(case["last_positions"]), case["num_steps"]]
+        for name, want, have in (("positions", want_positions, got_positions), ("slot_mapping", want_slots, got_slots)):
+            if want == have:
+                continue
+            try:
+                have_shape = list(torch.as_tensor(have).shape)
+            except (TypeError, ValueError, RuntimeError):
+                have_shape = type(have).__name__
+            expect_equal(f"compute_draft_slots(...) {name} shape", inputs, shape, have_shape,
+                         "one row per request, one column per further pass (num_steps)")
+            b, j = next((b, j) for b in range(shape[0]) for j in range(shape[1]) if want[b][j] != have[b][j])
+            position = case["last_positions"][b] + 1 + j
+            if position >= case["max_model_len"]:
+                hint = DRAFT_PAD_HINT
+            elif position // case["block_size"] >= len(case["block_table"][b]):
+                hint = DRAFT_CLAMP_HINT
+            else:
+                hint = DRAFT_SLOT_HINT
+            expect_equal(f"compute_draft_slots(...) {name}[{b}][{j}] (request {b}, pass {j}: the draft fed at "
+                         f"position {case['last_positions'][b]} + 1 + {j} = {position}), the first wrong entry",
+                         inputs, f"{name}[{b}] = {want[b]}", f"{name}[{b}] = {have[b]}", hint)
+    passed("check_compute_draft_slots", len(cases))
+
+
+# ---------------------------------------------------------------- "Plug it in" comparisons
+def expect_same_outputs(label: str, prompts: list, expected: list[list[int]], got: list[list[int]]) -> None:
+    """The plug's verdict: the first request and token where the learner's engine differs from the reference."""
+    __tracebackhide__ = True
+    for request, (want, have) in enumerate(zip(expected, got)):
+        if want != have:
+            index = _first_difference(want, have)
+            raise AssertionError(
+                f"{label}: request {request} differs from the reference engine at output token {index}\n"
+                f"  prompt:   {str(prompts[request])[:80]!r}\n  expected: {want}\n  got:      {have}\n"
+                "  hint: greedy speculation must give exactly the tokens of plain decoding; check the rejection "
+                "sampler's greedy rows (accept a draft iff it is the argmax) and the bonus token, then the checks "
+                "of the functions plugged in")
+    if len(expected) != len(got):
+        raise AssertionError(f"{label}: expected {len(expected)} outputs, got {len(got)}")
+
+
+def expect_same_drafting(label: str, expected: Any, got: Any) -> None:
+    """Two engines' drafting counters (SpecDecodingStats): the same drafts, accepted at the same positions."""
+    __tracebackhide__ = True
+    fields = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+
+    def counters(stats: Any) -> dict[str, Any]:   # SpecDecodingStats, or a recording's `engine_counters` dict
+        return {name: _as_list(stats[name] if isinstance(stats, dict) else getattr(stats, name)) for name in fields}
+
+    want, have = counters(expected), counters(got)
+    if want != have:
+        first = next(name for name in fields if want[name] != have[name])
+        raise AssertionError(
+            f"{label}: the drafter proposed differently from the reference drafter (first differing counter: "
+            f"{first})\n  expected: {want}\n  got:      {have}\n  hint: the output tokens can still match "
+            "(speculation never changes them), but wrong drafter inputs make worse guesses: run the checks of "
+            "prepare_eagle_inputs and compute_draft_slots")
 
 
 PHASE = Phase("12_spec_decode", (
     Exercise("propose_ngram", check_propose_ngram, points=2, grade_id="test-propose-ngram", part="propose_ngram"),
     Exercise("compute_residual_probs", check_compute_residual_probs, points=2, grade_id="test-residual-probs",
              part="compute_residual_probs"),
-    Exercise("rejection_sample", check_rejection_sample, points=4, grade_id="test-rejection-sample",
+    Exercise("rejection_sample", check_rejection_sample, points=5, grade_id="test-rejection-sample",
              part="rejection_sample"),
-    Exercise("rollback_spec_tokens", check_rollback_spec_tokens, points=2, grade_id="test-rollback-spec-tokens",
-             part="rollback_spec_tokens"),
+    Exercise("prepare_eagle_inputs", check_prepare_eagle_inputs, points=5, grade_id="test-prepare-eagle-inputs",
+             part="prepare_eagle_inputs"),
+    Exercise("compute_draft_slots", check_compute_draft_slots, points=3, grade_id="test-compute-draft-slots",
+             part="compute_draft_slots"),
 ))

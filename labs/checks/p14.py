@@ -74,7 +74,7 @@ def check_first_divergence(first_divergence_fn: Callable, seeds: Iterable[int] =
 
 # ---------------------------------------------------------------- find_breaking_component
 BISECT_EXAMPLE = ["compute_positions", "compute_slot_mapping", "rms_norm", "apply_rotary",
-                  "compute_logits_indices", "apply_temperature", "hash_block_tokens", "check_stop"]
+                  "build_attention_metadata", "apply_temperature", "hash_block_tokens", "check_stop"]
 
 
 class _Oracle:
@@ -122,14 +122,15 @@ def _engine_case() -> tuple[list[str], _Oracle]:
     from labs.plugging import plug
     from mini import LLM, SamplingParams, roles
 
-    components = ["compute_positions", "compute_slot_mapping", "rms_norm", "apply_rotary",
-                  "compute_logits_indices", "apply_temperature", "check_stop"]
-
-    def logits_of_first_tokens(query_start_loc):  # the slip: each request's FIRST scheduled row
-        return query_start_loc[:-1].long()
-
+    components = ["compute_query_start_loc", "compute_slot_mapping", "rms_norm", "apply_rotary",
+                  "compute_positions", "apply_temperature", "check_stop"]
     parts = {name: roles.reference(name) for name in components}
-    parts["compute_logits_indices"] = logits_of_first_tokens
+    reference_positions = parts["compute_positions"]
+
+    def positions_from_zero(num_computed_tokens, num_scheduled_tokens):  # the slip: forgets the cached tokens
+        return reference_positions([0] * len(list(num_computed_tokens)), num_scheduled_tokens)
+
+    parts["compute_positions"] = positions_from_zero
     prompts = [{"prompt_token_ids": [1, 2, 3, 4, 5]}, {"prompt_token_ids": [1, 6, 5, 7, 8, 9, 10]}]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -143,10 +144,10 @@ def _engine_case() -> tuple[list[str], _Oracle]:
         with plug(**{name: parts[name] for name in subset}):
             return tokens() == expected
 
-    if run(["compute_logits_indices"]):  # the fixture itself must break exactness, or the case proves nothing
-        raise RuntimeError("check_find_breaking_component: the broken compute_logits_indices no longer changes "
+    if run(["compute_positions"]):  # the fixture itself must break exactness, or the case proves nothing
+        raise RuntimeError("check_find_breaking_component: the broken compute_positions no longer changes "
                            "the shipped model's greedy tokens; pick another slip")
-    return components, _Oracle(components, "compute_logits_indices", run)
+    return components, _Oracle(components, "compute_positions", run)
 
 
 def check_find_breaking_component(find_breaking_component_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
@@ -178,7 +179,7 @@ EXAMPLE_CARD = [
     CheckResult("01_paged_kv", "get_new_blocks", 2, "failed", "get_new_blocks(...): wrong result on this case"),
     CheckResult("07_attention_kernel", "online_softmax_update", 2, "passed"),
     CheckResult("07_attention_kernel", "_store_kv_kernel", 2, "skipped", "needs Triton"),
-    CheckResult("13_serving", "merge_delta_outputs", 3, "not implemented"),
+    CheckResult("13_serving", "merge_delta_outputs", 2, "not implemented"),
 ]
 
 

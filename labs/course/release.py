@@ -3,13 +3,16 @@
 `release()` runs nbgrader's `generate_assignment` for every phase in a scratch course root (so the
 repository never gets a gradebook or stray files), normalizes the result (see notebook_format) and
 writes it to `phases/`. `find_drift()` does the same into memory and lists what differs.
+`write_release()` writes the release as generated into another folder: the project's tests of the release
+test that, never the learner's working copy in phases/.
 
 phases/ is also where learners work, so neither command may cost them their work:
 
 - the drift check compares only what the release controls: the cells the release wrote (matched by
   cell id, in order), their type, their nbgrader metadata and their source, except the source of answer
   cells. Kernel and language metadata (JupyterLab rewrites both on save), outputs, the learner's
-  answers and cells the learner added are theirs and never count as drift;
+  answers and cells the learner added are theirs and never count as drift (`Drift.learner_work` lists
+  them, for information); a changed notebook is named with the first cell that differs;
 - `release()` leaves a phase notebook alone when nothing the release controls changed. When something
   did, it writes the new release with the learner's answers CARRIED OVER (answer cells matched by grade
   id), and first copies the old file to `backups/<time>/phases/...` if it held any work of the learner's
@@ -21,8 +24,10 @@ phases/ is also where learners work, so neither command may cost them their work
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,21 +45,26 @@ BACKUP_DIR = "backups"  # under the course root, git-ignored: what release() rep
 
 @dataclass(slots=True)
 class Drift:
-    """What differs between phases/ and what nbgrader generates from solutions/."""
+    """What differs between phases/ and what nbgrader generates from solutions/.
+
+    `learner_work` names the notebooks that differ from the release only by the learner's own edits
+    (answers, outputs, kernel metadata, added cells): listed for information, never drift."""
 
     changed: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # generated but absent from phases/
     extra: list[str] = field(default_factory=list)  # in phases/ but not generated
+    learner_work: list[str] = field(default_factory=list)  # "path (what is the learner's)": not drift
 
     def is_clean(self) -> bool:
         return not (self.changed or self.missing or self.extra)
 
     def describe(self) -> str:
+        work = [f"your work (not drift): {p}" for p in self.learner_work]
         if self.is_clean():
-            return "phases/ is in sync with solutions/"
+            return "\n".join(["phases/ is in sync with solutions/", *work])
         lines = [f"changed: {p}" for p in self.changed]
         lines += [f"missing: {p}" for p in self.missing] + [f"extra:   {p}" for p in self.extra]
-        return "\n".join(lines) + (
+        return "\n".join(lines + work) + (
             "\nrun `python -m labs.course release` to regenerate phases/ (your answers are carried over; "
             f"anything it replaces or deletes is first copied to {BACKUP_DIR}/)"
         )
@@ -83,8 +93,31 @@ def _nbgrader_config(course_root: Path):
     return config
 
 
+class CourseToolsMissing(RuntimeError):
+    """nbgrader's command-line helpers (`alembic`) cannot be found: the course's environment is not active."""
+
+
+def _ensure_course_tools() -> None:
+    """nbgrader runs the `alembic` command to create its gradebook. Started as `.venv/bin/python -m labs.course`
+    without activating the environment, that command is not on PATH: put this interpreter's bin/ first. If it
+    is still missing, say how to run the course's commands instead of letting nbgrader die on it."""
+    if shutil.which("alembic"):
+        return
+    bin_dir = str(Path(sys.executable).parent)
+    if (Path(bin_dir) / "alembic").exists():
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+        return
+    raise CourseToolsMissing(
+        "the `alembic` command that nbgrader needs is not on PATH: this Python "
+        f"({sys.executable}) is not the course's environment. Activate it first (`. .venv/bin/activate`, "
+        "made by `bash scripts/setup.sh`), or run the command with its Python: "
+        "`.venv/bin/python -m labs.course ...`"
+    )
+
+
 def generate_assignment(course_root: Path, assignment_id: str) -> None:
     """Run nbgrader generate_assignment in `course_root` (its solutions/ -> its phases/)."""
+    _ensure_course_tools()
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
@@ -127,6 +160,23 @@ def generated_files(assignment_ids: list[str] | None = None, root: Path = REPO_R
                 else:
                     files[relative] = path.read_bytes()
     return files
+
+
+def write_release(target: Path, assignment_ids: list[str] | None = None, root: Path = REPO_ROOT,
+                  expected: dict[str, bytes] | None = None) -> Path:
+    """Write the release AS GENERATED (what phases/ holds in a fresh clone) under `target`; return target/phases.
+
+    Tests of the release use this, never the phases/ of the checkout: learners work there (answers, outputs,
+    kernel metadata), and their work must not fail the project's tests. `expected` is
+    `generated_files(...)` when the caller already has it."""
+    if expected is None:
+        expected = generated_files(assignment_ids, root=root)
+    for relative, content in expected.items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    (target / "phases").mkdir(parents=True, exist_ok=True)
+    return target / "phases"
 
 
 def _phase_files(root: Path, assignment_ids: list[str] | None = None) -> set[str]:
@@ -204,12 +254,53 @@ def _holds_learner_work(present: nbformat.NotebookNode, released: nbformat.Noteb
     return bool(_filled_answers(present, released) or _learner_cells(present, released) or has_outputs)
 
 
-def _notebook_drifted(path: Path, content: bytes) -> bool:
+def learner_edits(present: nbformat.NotebookNode, released: nbformat.NotebookNode) -> list[str]:
+    """What in `present` is the learner's, not the release's: filled answers, added cells, outputs, metadata."""
+    edits = []
+    answers = _filled_answers(present, released)
+    if answers:
+        edits.append(f"{len(answers)} answer(s) filled in ({', '.join(sorted(answers))})")
+    added = _learner_cells(present, released)
+    if added:
+        edits.append(f"{len(added)} cell(s) added")
+    if any(cell.get("outputs") or cell.get("execution_count") for cell in present.cells):
+        edits.append("outputs")
+    if present.get("metadata", {}) != released.get("metadata", {}):
+        edits.append("notebook metadata (kernelspec, language_info: JupyterLab writes them)")
+    return edits or ["formatting only"]
+
+
+def _notebook_drift(path: Path, content: bytes) -> tuple[bool, list[str]]:
+    """(drifted, the learner's edits) of the notebook at `path` against its release `content`."""
     if path.read_bytes() == content:
-        return False
+        return False, []
     present = _read_bytes_as_notebook(path.read_bytes())
     released = _read_bytes_as_notebook(content)
-    return present is None or released is None or not same_release(present, released)
+    if present is None or released is None:
+        return True, ["does not parse as a notebook"]
+    difference = release_difference(present, released)
+    if difference is not None:
+        return True, [difference]
+    return False, learner_edits(present, released)
+
+
+def release_difference(present: nbformat.NotebookNode, released: nbformat.NotebookNode) -> str | None:
+    """The first cell where `present` differs from `released` in what the release controls (None: same release)."""
+    if same_release(present, released):
+        return None
+    released_ids = {cell.get("id") for cell in released.cells}
+    kept = [cell for cell in present.cells if cell.get("id") in released_ids]
+    for index, cell in enumerate(released.cells):
+        if index >= len(kept):
+            return f"released cell {cell.get('id')!r} is missing"
+        mine = _controlled_cell(kept[index])
+        theirs = _controlled_cell(cell)
+        if mine != theirs:
+            what = ("cell id (cells moved or deleted)" if mine[0] != theirs[0] else
+                    "cell type" if mine[1] != theirs[1] else
+                    "nbgrader metadata" if mine[2] != theirs[2] else "source")
+            return f"cell {cell.get('id')!r}: {what} differs from the release"
+    return "cells differ from the release"
 
 
 def find_drift(
@@ -226,8 +317,11 @@ def find_drift(
         if relative not in present:
             drift.missing.append(relative)
         elif relative.endswith(".ipynb"):
-            if _notebook_drifted(root / relative, content):
-                drift.changed.append(relative)
+            drifted, edits = _notebook_drift(root / relative, content)
+            if drifted:
+                drift.changed.append(f"{relative} ({edits[0]})")
+            elif edits:
+                drift.learner_work.append(f"{relative} ({'; '.join(edits)})")
         elif (root / relative).read_bytes() != content:
             drift.changed.append(relative)
     drift.extra = sorted(present - set(expected))

@@ -18,7 +18,9 @@ documented surface (mini/README.md, "Internal interfaces"), never by monkeypatch
 `tests/test_views_surface.py` scans these modules and fails on anything else. The views:
 
 - `recording`: `record_run(llm, prompts, params)` steps a real engine and snapshots the KV state;
-- `block_table`: KV pool grid, block tables, ref counts, free queue (vllm/v1/core/block_pool.py);
+- `block_table`: KV pool grid (each block drawn as its slots: filled ones shaded, so internal fragmentation
+  shows), block tables, every owner of a shared block with its ref count, the free queue
+  (vllm/v1/core/block_pool.py);
 - `attention_mask`: which cache slots each query token reads (vllm/v1/attention/backends/flash_attn.py);
 - `kernel_access`: which decode-kernel program reads which KV slots (mini/attention/triton_paged.py);
 - `batch_layout`: the flat batch of one step (vllm/v1/worker/gpu_model_runner.py `_prepare_inputs`);
@@ -28,14 +30,22 @@ documented surface (mini/README.md, "Internal interfaces"), never by monkeypatch
 - `detokenizer_stream`: incremental detokenization, step by step (vllm/v1/engine/detokenizer.py);
 - `prefix_cache`: requests' hash chains, hits, shared blocks and the eviction order, step by step
   (vllm/v1/core/block_pool.py, kv_cache_manager.py);
-- `fsm_mask`: a grammar's DFA with the current state, and the allowed-token bitmask beside it, as text is
-  typed or sampled token by token (vllm/v1/structured_output/);
+- `fsm_mask`: a grammar's DFA (layered, or for a JSON schema the trail of states the output walked) with
+  the current state, its live transitions, the states a multi-byte token passed through, the allowed tokens
+  grouped by the state they lead to, one int32 word of the packed bitmask with its bits, and the model's
+  probabilities before and after the mask, as text is typed or sampled from the model token by token
+  (vllm/v1/structured_output/);
 - `spec_decode_trace`: per step, each request's drafts, the accepted ones, the rejected one and its
   replacement, the bonus token, and the acceptance-length histogram (vllm/v1/spec_decode/,
   vllm/v1/sample/rejection_sampler.py); it also reads `trace.scheduler_output.scheduled_spec_decode_tokens`
   and `get_scheduler_stats().spec_decoding_stats`;
 - `serving_dashboard`: a live view of a serving engine (running / waiting requests, KV usage, tokens/s),
   fed by the engine's stat loggers (vllm/v1/metrics/loggers.py).
+
+Every widget has a plain-text twin (`text_view`): `widget.text(step=None)` (a step-replay widget: the step its
+slider shows, or any step), which is also the widget's `text/plain` (what GitHub, nbconvert or a front end
+without the widget manager shows); where `import ipywidgets` fails, the widget function returns that text
+view (`TextView`) instead.
 """
 
 from labs.views.attention_mask import (
@@ -54,10 +64,12 @@ from labs.views.batch_layout import (
 )
 from labs.views.block_table import (
     BlockTableView,
+    block_table_text,
     block_table_view,
     block_table_widget,
     plot_block_table,
     render_block_table_html,
+    render_block_table_text,
 )
 from labs.views.kernel_access import (
     KernelAccess,
@@ -75,6 +87,9 @@ __all__ = [
     "plot_batch_layout", "plot_block_table", "record_run", "render_batch_layout_html",
     "render_block_table_html", "snapshot_engine", "traced_step",
 ]
+from labs.views.text_view import TextView, stack_views
+
+__all__ += ["TextView", "block_table_text", "render_block_table_text", "stack_views"]
 __all__ += ["KernelAccess", "kernel_access_widget", "plot_kernel_access", "record_paged_decode",
             "replay_paged_decode"]
 from labs.views.sampling_plots import (

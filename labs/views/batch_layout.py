@@ -195,22 +195,33 @@ def plot_batch_layout(layout: BatchLayout, ax: Any = None) -> Any:
 
 
 def batch_layout_widget(recording: EngineRecording) -> Any:
-    """A step slider over the batches of a recorded run (steps that ran the model)."""
-    import ipywidgets as widgets
+    """A step slider over the batches of a recorded run (steps that ran the model); `text(step)` is a step
+    as plain text (without ipywidgets, the widget is that text view alone)."""
+    from labs.views.text_view import TextView, have_widgets, html_to_text, replay_text, view_box
 
     steps = [s for s in recording.snapshots if s.batch is not None]
     if not steps:
         raise ValueError("the recording has no batch inputs: record it with labs.views.record_run")
     layouts = [batch_layout_from_inputs(s.batch, s.block_size, recording.request_ids) for s in steps]
+    by_step = {s.step: layout for s, layout in zip(steps, layouts)}
+
+    def page(step: int) -> str:
+        layout = by_step.get(step)
+        return html_to_text(render_batch_layout_html(layout)) if layout else "(no model run at this step)"
+
+    title = "the batch-layout widget"
+    if not have_widgets():
+        return TextView(replay_text(title, steps[0].step, steps[-1].step, page))
+    import ipywidgets as widgets
+
     slider = widgets.IntSlider(value=steps[0].step, min=steps[0].step, max=steps[-1].step, description="step")
     board = widgets.HTML(render_batch_layout_html(layouts[0]))
-    by_step = {s.step: layout for s, layout in zip(steps, layouts)}
 
     def show(change: dict) -> None:
         layout = by_step.get(change["new"])
         board.value = render_batch_layout_html(layout) if layout else "(no model run at this step)"
 
     slider.observe(show, names="value")
-    box = widgets.VBox([slider, board])
+    box = view_box([slider, board], replay_text(title, steps[0].step, steps[-1].step, page, lambda: slider.value))
     box.layouts = layouts
     return box

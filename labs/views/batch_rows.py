@@ -352,11 +352,21 @@ def plot_batch_rows(recording: BatchRowsRecording, ax: Any = None) -> Any:
 
 
 def batch_rows_widget(recording: BatchRowsRecording) -> Any:
-    """A step slider over the recording; each step shows its stages (render_batch_rows_html)."""
-    import ipywidgets as widgets
+    """A step slider over the recording; each step shows its stages (render_batch_rows_html). `text(k)` is
+    update k as plain text (without ipywidgets, the widget is that text view alone)."""
+    from labs.views.text_view import TextView, have_widgets, html_to_text, replay_text, view_box
 
     if not recording.steps:
         raise ValueError("the recording has no steps")
+
+    def page(index: int) -> str:
+        return html_to_text(render_batch_rows_html(recording.steps[index], recording.request_ids))
+
+    title, last = "the batch-rows widget (update #)", len(recording.steps) - 1
+    if not have_widgets():
+        return TextView(replay_text(title, 0, last, page))
+    import ipywidgets as widgets
+
     slider = widgets.IntSlider(value=0, min=0, max=len(recording.steps) - 1, description="update #")
     board = widgets.HTML(render_batch_rows_html(recording.steps[0], recording.request_ids))
 
@@ -364,4 +374,4 @@ def batch_rows_widget(recording: BatchRowsRecording) -> Any:
         board.value = render_batch_rows_html(recording.steps[change["new"]], recording.request_ids)
 
     slider.observe(show, names="value")
-    return widgets.VBox([slider, board])
+    return view_box([slider, board], replay_text(title, 0, last, page, lambda: slider.value))

@@ -21,7 +21,9 @@ Then `plot_kernel_access(access)` (matplotlib), `render_kernel_access_html(acces
 from __future__ import annotations
 
 import contextlib
+import functools
 import html
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,7 +207,8 @@ def record_paged_decode(
 ) -> tuple[torch.Tensor, KernelAccess]:
     """Run the Triton decode kernel under the interpreter and record which cache slots each program read.
 
-    `decode` defaults to `mini.attention.triton_paged.paged_decode` (any function with its signature works,
+    `decode` defaults to `mini.attention.triton_paged.paged_decode`'s single-pass kernel, one program per
+    (request, KV head), the one phase 07 writes (any function with its signature works,
     e.g. your own). Every load whose addresses fall inside the KV cache is decoded back into
     (key/value, block, offset, KV head); tiles are counted per program from its key loads.
     Needs Triton in interpreter mode (CPU tensors); raises RuntimeError otherwise.
@@ -221,6 +224,8 @@ def record_paged_decode(
                            "use replay_paged_decode on a GPU")
     if decode is None:
         decode = triton_paged.paged_decode
+        if "num_segments" in inspect.signature(decode).parameters:   # the single-pass kernel (phase 07's),
+            decode = functools.partial(decode, num_segments=0)      # not the engine's split decode
     info = _shape_info(query, kv_cache, metadata)
     base, item = kv_cache.data_ptr(), kv_cache.element_size()
     end = base + kv_cache.numel() * item
@@ -350,10 +355,22 @@ def plot_kernel_access(access: KernelAccess, ax: Any = None) -> Any:
 
 
 def kernel_access_widget(access: KernelAccess) -> Any:
-    """A slider (with play button) over the kernel's (program, tile) steps, redrawing the HTML pool view."""
-    import ipywidgets as widgets
+    """A slider (with play button) over the kernel's (program, tile) steps, redrawing the HTML pool view.
+    `text(k)` is step k as plain text (without ipywidgets, the widget is that text view alone)."""
+    from labs.views.text_view import TextView, have_widgets, html_to_text, replay_text, view_box
 
     last = max(0, len(access.steps()) - 1)
+
+    def page(step: int) -> str:
+        return html_to_text(render_kernel_access_html(access, step if access.steps() else None))
+
+    title = "the kernel-access widget"
+    if not have_widgets():
+        fallback = TextView(replay_text(title, 0, last, page))
+        fallback.access = access
+        return fallback
+    import ipywidgets as widgets
+
     slider = widgets.IntSlider(value=0, min=0, max=last, description="step")
     play = widgets.Play(value=0, min=0, max=last, interval=700)
     widgets.jslink((play, "value"), (slider, "value"))
@@ -363,7 +380,7 @@ def kernel_access_widget(access: KernelAccess) -> Any:
         board.value = render_kernel_access_html(access, change["new"])
 
     slider.observe(show, names="value")
-    box = widgets.VBox([widgets.HBox([play, slider]), board])
+    box = view_box([widgets.HBox([play, slider]), board], replay_text(title, 0, last, page, lambda: slider.value))
     box.access = access  # the plain data behind the widget
     return box
 

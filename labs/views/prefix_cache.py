@@ -163,11 +163,56 @@ def render_prefix_cache_html(snapshot: PrefixCacheSnapshot, request_ids: Sequenc
             f"<ul>{events}</ul></div>")
 
 
+def render_prefix_cache_text(snapshot: PrefixCacheSnapshot, request_ids: Sequence[str]) -> str:
+    """The same step as plain text: each request's hash chain (hash#block, hits and shared blocks marked),
+    then the pool in eviction order."""
+    shared = snapshot.shared_blocks()
+    rate = snapshot.hits / snapshot.queries if snapshot.queries else 0.0
+    lines = [f"step {snapshot.step}: hits {snapshot.hits} / {snapshot.queries} tokens looked up (hit rate {rate:.2f})",
+             "chains: one cell per full block, hash#block; [hit] = from the cache, (shared) = several hold it now"]
+    for req_id in request_ids:
+        if req_id not in snapshot.chains:
+            continue
+        table = snapshot.block_tables.get(req_id, [])
+        num_hit_blocks = snapshot.num_cached_tokens.get(req_id, 0) // snapshot.block_size
+        cells = []
+        for position, block_hash in enumerate(snapshot.chains[req_id]):
+            block_id = table[position] if position < len(table) else None
+            cell = short_hash(block_hash) + ("" if block_id is None else f"#{block_id}")
+            cell += " [hit]" if position < num_hit_blocks else ""
+            cell += " (shared)" if block_id in shared else ""
+            cells.append(cell)
+        state = "running" if table else "finished"
+        lines.append(f"  {req_id} ({state}, {snapshot.num_cached_tokens.get(req_id, 0)} cached): "
+                     + (" -> ".join(cells) or "(no full block yet)"))
+    cached = set(snapshot.cached_block_ids)
+    in_use = [b for b in range(1, len(snapshot.ref_cnts)) if snapshot.ref_cnts[b] > 0]
+    lines.append("in use: " + (", ".join(f"#{b} {short_hash(snapshot.block_hashes[b])} ref {snapshot.ref_cnts[b]}"
+                                        for b in in_use) or "(none)"))
+    lines.append("free queue, evicted first -> last: " + (", ".join(
+        f"#{b} " + (f"cached {short_hash(snapshot.block_hashes[b])}" if b in cached else "empty")
+        for b in snapshot.free_queue) or "(empty)"))
+    lines.extend(f"  - {event}" for event in snapshot.events)
+    return "\n".join(lines)
+
+
 def prefix_cache_widget(recording: PrefixCacheRecording) -> Any:
-    """A step slider (with a play button) over a recorded run; each step redraws the chains and the pool."""
-    import ipywidgets as widgets
+    """A step slider (with a play button) over a recorded run; each step redraws the chains and the pool.
+    `text(step)` is a step as plain text (without ipywidgets, the widget is that text view alone)."""
+    from labs.views.text_view import TextView, have_widgets, replay_text, view_box
 
     pages = [render_prefix_cache_html(s, recording.request_ids) for s in recording.snapshots]
+
+    def page(step: int) -> str:
+        return render_prefix_cache_text(recording.snapshots[step], recording.request_ids)
+
+    title, last = "the prefix-cache widget", len(pages) - 1
+    if not have_widgets():
+        fallback = TextView(replay_text(title, 0, last, page))
+        fallback.pages = pages
+        return fallback
+    import ipywidgets as widgets
+
     # Start at step 0: jslink copies the play button's value into the slider when the page draws it, so the
     # slider, the play button and the board must all start on the same step.
     slider = widgets.IntSlider(value=0, min=0, max=len(pages) - 1, description="step")
@@ -179,6 +224,6 @@ def prefix_cache_widget(recording: PrefixCacheRecording) -> Any:
         board.value = pages[change["new"]]
 
     slider.observe(show, names="value")
-    box = widgets.VBox([widgets.HBox([play, slider]), board])
+    box = view_box([widgets.HBox([play, slider]), board], replay_text(title, 0, last, page, lambda: slider.value))
     box.pages = pages  # the HTML of every step, for tests and curious learners
     return box

@@ -394,10 +394,22 @@ def plot_batching_comparison(continuous: SchedulerTimeline, static: SchedulerTim
 
 
 def scheduler_timeline_widget(timeline: SchedulerTimeline) -> Any:
-    """A step slider (with a play button) over the Gantt chart; the chosen step is described below it."""
-    import ipywidgets as widgets
+    """A step slider (with a play button) over the Gantt chart; the chosen step is described below it.
+    `text(k)` is step index k as plain text (without ipywidgets, the widget is that text view alone)."""
+    from labs.views.text_view import TextView, have_widgets, html_to_text, replay_text, view_box
 
     last = max(len(timeline.steps) - 1, 0)
+
+    def page(index: int) -> str:
+        return html_to_text(render_timeline_html(timeline, index))
+
+    title = "the scheduler-timeline widget (step index)"
+    if not have_widgets():
+        fallback = TextView(replay_text(title, 0, last, page))
+        fallback.timeline = timeline
+        return fallback
+    import ipywidgets as widgets
+
     slider = widgets.IntSlider(value=0, min=0, max=last, description="step index")
     play = widgets.Play(value=0, min=0, max=last, interval=700)
     widgets.jslink((play, "value"), (slider, "value"))
@@ -407,6 +419,6 @@ def scheduler_timeline_widget(timeline: SchedulerTimeline) -> Any:
         board.value = render_timeline_html(timeline, change["new"])
 
     slider.observe(show, names="value")
-    box = widgets.VBox([widgets.HBox([play, slider]), board])
+    box = view_box([widgets.HBox([play, slider]), board], replay_text(title, 0, last, page, lambda: slider.value))
     box.timeline = timeline  # the plain data behind the widget
     return box

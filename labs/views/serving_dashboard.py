@@ -83,12 +83,34 @@ class ServingDashboard:
         fig.tight_layout()
         return fig
 
+    def text(self, _: Any = None) -> str:
+        """What the dashboard shows, as plain text: the samples so far, the last one, the peaks."""
+        from labs.views.text_view import header
+
+        samples = self.snapshot()
+        if not samples:
+            return f"{header('the serving dashboard')}\nno engine step yet"
+        last = samples[-1]
+        _, rates = self.tokens_per_s()
+        return (f"{header('the serving dashboard')}\n{len(samples)} engine steps over {last.time_s:.1f} s; now: "
+                f"{last.running} running, {last.waiting} waiting, KV cache {100 * last.kv_cache_usage:.0f}% used\n"
+                f"peaks: {max(s.running for s in samples)} running, {max(s.waiting for s in samples)} waiting, "
+                f"KV cache {100 * max(s.kv_cache_usage for s in samples):.0f}%, "
+                f"{max(rates, default=0):.0f} generated tokens/s; {sum(s.generation_tokens for s in samples)} "
+                f"tokens in all")
+
     def widget(self) -> Any:
+        """The live chart (an Output widget in a box whose `text()` / `text/plain` is `self.text()`); without
+        ipywidgets, a text view (print it again after the run)."""
+        from labs.views.text_view import TextView, have_widgets, view_box
+
+        if not have_widgets():
+            return TextView(self.text)
         import ipywidgets as widgets
 
         self._output = widgets.Output()
         self.refresh()
-        return self._output
+        return view_box([self._output], self.text)
 
     def refresh(self) -> None:
         """Redraw into the widget (no-op before `widget()`)."""

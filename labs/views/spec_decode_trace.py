@@ -380,13 +380,27 @@ def plot_rejection_frequencies(target_probs: Sequence[float], draft_probs: Seque
 
 def spec_decode_widget(recording: SpecDecodeRecording) -> Any:
     """A step slider (with a play button) over a recorded run: the step's drafts and verdicts, and the
-    running acceptance-length histogram beside them."""
+    running acceptance-length histogram beside them. `text(step)` is a step as plain text, with the
+    histogram's counts (without ipywidgets, the widget is that text view alone)."""
+    from labs.views.text_view import TextView, have_widgets, html_to_text, replay_text, view_box
+
+    pages = [render_spec_step_html(recording, index) for index in range(len(recording.steps))]
+    first, last = recording.steps[0].step, recording.steps[-1].step
+
+    def page(step: int) -> str:
+        counts = list(recording.steps[step - first].acceptance_counts)
+        return (html_to_text(pages[step - first]) + "\nacceptance-length histogram so far (verifications "
+                f"that produced 1, 2, 3, ... tokens): {counts}")
+
+    title = "the spec-decode widget"
+    if not have_widgets():
+        fallback = TextView(replay_text(title, first, last, page))
+        fallback.pages = pages
+        return fallback
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    pages = [render_spec_step_html(recording, index) for index in range(len(recording.steps))]
-    first, last = recording.steps[0].step, recording.steps[-1].step
     # Start on the first step: jslink copies the play button's value into the slider when the page draws it.
     slider = widgets.IntSlider(value=first, min=first, max=last, description="step")
     play = widgets.Play(value=first, min=first, max=last, interval=800)
@@ -411,7 +425,8 @@ def spec_decode_widget(recording: SpecDecodeRecording) -> Any:
 
     slider.observe(show, names="value")
     draw(0)
-    box = widgets.VBox([widgets.HBox([play, slider]), widgets.HBox([board, histogram])])
+    box = view_box([widgets.HBox([play, slider]), widgets.HBox([board, histogram])],
+                   replay_text(title, first, last, page, lambda: slider.value))
     box.pages = pages  # the HTML of every step, for tests and curious learners
     box.histogram_shown = shown
     return box

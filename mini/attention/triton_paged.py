@@ -10,7 +10,15 @@ the same jobs in three kernels, written to be read:
   (slot ``s`` is block ``s // block_size``, offset ``s % block_size``); slot ``-1`` is padding and skipped.
 * paged decode: one program per (request, KV head). All query heads that share the KV head (GQA) are
   handled together, so each key/value block is read from memory once. It walks the request's blocks
-  through the block table with an online softmax (running max ``m``, running sum ``l``).
+  through the block table with an online softmax (running max ``m``, running sum ``l``). This is the kernel
+  phase 07 asks for, and what runs when a course exercise replaces it.
+* split decode (the engine's default decode path): the same walk cut into segments of the context, one
+  program per (request, KV head, segment), each leaving its partial ``acc``, ``m`` and ``l``; a second kernel
+  merges the segments (the online-softmax merge rule). As vLLM's ``IS_3D`` path and ``reduce_segments``: a
+  few requests with long contexts would otherwise leave most of the GPU idle (measured on an H100: one
+  request over 4096 tokens ran 8 programs on 132 SMs). Its dot products go to the tensor cores
+  (``tl.dot``, the group's query heads padded to 16 rows), so it reads a tile of 64 positions per iteration
+  where the single-pass kernel reads 16.
 * paged prefill: one program per (request, KV head, tile of query tokens). The rows of the query tile
   are (token, query head of the group) pairs, as in vLLM's unified kernel, so ``tl.dot`` always gets at
   least 16 rows. New tokens attend causally to the cached context plus themselves, which is exactly
@@ -56,6 +64,11 @@ __all__ = [
 # count positions (any block size works: each position is mapped through the block table).
 DECODE_TILE_N = 16  # small: the decode product [group, tile, head_size] lives in registers
 DECODE_NUM_WARPS = 8
+# Split decode: positions per tile (tl.dot: the product lives in the tensor cores' accumulators, not spread
+# over registers), at most this many segments per request, and the programs it aims to give the GPU.
+SPLIT_DECODE_TILE_N = {torch.float16: 64, torch.bfloat16: 64, torch.float32: 32}
+SPLIT_DECODE_NUM_WARPS = 8  # 4 spills registers at 64 positions x head size 128 on sm_90
+MAX_DECODE_SEGMENTS = 16
 # Prefill: target rows (token, head) per query tile, and key/value positions per tile; tl.dot needs >= 16.
 # float32 uses exact (non tensor-core) dots, which need smaller tiles.
 PREFILL_TILE_ROWS = {torch.float16: 64, torch.bfloat16: 64, torch.float32: 32}
@@ -145,6 +158,101 @@ def _paged_decode_kernel(
     out_offsets = token * stride_out_token + q_heads[:, None] * stride_out_head + dims[None, :]
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
+
+
+@triton.jit
+def _paged_decode_segment_kernel(
+    part_out_ptr, part_max_ptr, part_sum_ptr, query_ptr, kv_cache_ptr, block_table_ptr, seq_lens_ptr,
+    query_start_loc_ptr, scale,
+    stride_query_token, stride_query_head,
+    stride_cache_kv, stride_cache_block, stride_cache_slot, stride_cache_head, stride_block_table_row,
+    head_size, block_size, num_queries_per_kv, num_heads, num_segments,
+    ROWS: tl.constexpr, HEAD_PAD: tl.constexpr, TILE_N: tl.constexpr, USE_FP32_DOT: tl.constexpr,
+):
+    """One segment of one request's context for one KV head: the partial (unnormalised) output, max and sum
+    of the group's query heads, at part[request, q_head, segment]."""
+    request = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+    token = tl.load(query_start_loc_ptr + request)
+    if tl.load(query_start_loc_ptr + request + 1) - token != 1:  # no new token this step: nothing to do
+        return
+    seq_len = tl.load(seq_lens_ptr + request)
+    segment_len = tl.cdiv(tl.cdiv(seq_len, num_segments), TILE_N) * TILE_N  # whole tiles per segment
+    start = segment * segment_len
+    end = tl.minimum(start + segment_len, seq_len)  # start >= end: an empty segment (m = -inf, l = 0)
+
+    rows = tl.arange(0, ROWS)  # query heads of the group, padded to the 16 rows tl.dot needs
+    dims = tl.arange(0, HEAD_PAD)
+    dim_mask = dims < head_size
+    row_mask = rows < num_queries_per_kv
+    q_heads = kv_head * num_queries_per_kv + rows
+    q_mask = row_mask[:, None] & dim_mask[None, :]
+    query = tl.load(query_ptr + token * stride_query_token + q_heads[:, None] * stride_query_head + dims[None, :],
+                    mask=q_mask, other=0.0)  # [R, D]
+
+    running_max = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    running_sum = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, HEAD_PAD], dtype=tl.float32)
+    key_base = kv_cache_ptr + kv_head * stride_cache_head
+    value_base = key_base + stride_cache_kv
+    for tile_start in range(start, end, TILE_N):
+        positions = tile_start + tl.arange(0, TILE_N)
+        pos_mask = positions < end
+        block_ids = tl.load(
+            block_table_ptr + request * stride_block_table_row + positions // block_size, mask=pos_mask, other=0
+        ).to(tl.int64)
+        kv_offsets = (block_ids * stride_cache_block + (positions % block_size) * stride_cache_slot)[:, None] \
+            + dims[None, :]
+        kv_mask = pos_mask[:, None] & dim_mask[None, :]
+        key = tl.load(key_base + kv_offsets, mask=kv_mask, other=0.0)  # [N, D]
+        if USE_FP32_DOT:  # fp32 inputs, and always under the interpreter (its bf16 dot is wrong)
+            scores = tl.dot(query.to(tl.float32), tl.trans(key.to(tl.float32)), input_precision="ieee")
+        else:  # fp16/bf16 on tensor cores, fp32 accumulation
+            scores = tl.dot(query, tl.trans(key))
+        scores = tl.where(pos_mask[None, :], scores * scale, float("-inf"))  # [R, N]
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        correction = tl.exp(running_max - new_max)
+        probs = tl.exp(scores - new_max[:, None])
+        running_sum = running_sum * correction + tl.sum(probs, axis=1)
+        value = tl.load(value_base + kv_offsets, mask=kv_mask, other=0.0)  # [N, D]
+        if USE_FP32_DOT:
+            weighted = tl.dot(probs, value.to(tl.float32), input_precision="ieee")
+        else:
+            weighted = tl.dot(probs.to(value.dtype), value)
+        acc = acc * correction[:, None] + weighted
+        running_max = new_max
+
+    part = (request * num_heads + q_heads) * num_segments + segment  # [R]
+    tl.store(part_max_ptr + part, running_max, mask=row_mask)
+    tl.store(part_sum_ptr + part, running_sum, mask=row_mask)
+    tl.store(part_out_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc, mask=row_mask[:, None])
+
+
+@triton.jit
+def _reduce_segments_kernel(
+    out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, query_start_loc_ptr,
+    stride_out_token, stride_out_head, head_size, num_heads, num_segments,
+    SEGMENTS_PAD: tl.constexpr, HEAD_PAD: tl.constexpr,
+):
+    """Merge one (request, query head)'s segments: rescale each to the largest max, sum, normalise."""
+    request = tl.program_id(0)
+    head = tl.program_id(1)
+    token = tl.load(query_start_loc_ptr + request)
+    if tl.load(query_start_loc_ptr + request + 1) - token != 1:
+        return
+    segments = tl.arange(0, SEGMENTS_PAD)
+    seg_mask = segments < num_segments
+    dims = tl.arange(0, HEAD_PAD)
+    part = (request * num_heads + head) * num_segments + segments
+    maxes = tl.load(part_max_ptr + part, mask=seg_mask, other=float("-inf"))
+    overall = tl.max(maxes, axis=0)  # finite: the first segment always holds position 0
+    weights = tl.exp(maxes - overall)  # an empty segment (max -inf) weighs 0
+    total = tl.sum(tl.load(part_sum_ptr + part, mask=seg_mask, other=0.0) * weights, axis=0)
+    parts = tl.load(part_out_ptr + part[:, None] * HEAD_PAD + dims[None, :], mask=seg_mask[:, None], other=0.0)
+    out = tl.sum(parts * weights[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + token * stride_out_token + head * stride_out_head + dims, out.to(out_ptr.dtype.element_ty),
+             mask=dims < head_size)
 
 @triton.jit
 def _paged_prefill_kernel(
@@ -300,19 +408,77 @@ def _prepare_launch(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atten
     )
 
 
+def num_decode_segments(num_requests: int, num_kv_heads: int, device: torch.device) -> int:
+    """Segments per request for the split decode: enough (request, KV head, segment) programs to give every
+    streaming multiprocessor two, at most MAX_DECODE_SEGMENTS. A function of the batch's shape only (never of
+    its lengths), so a CUDA graph captured for a batch size stays valid."""
+    if device.type == "cuda":
+        target = 2 * _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
+    else:  # the interpreter: small, but more than one, so the merge is exercised
+        target = 8
+    return max(1, min(MAX_DECODE_SEGMENTS, -(-target // max(1, num_requests * num_kv_heads))))
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def _multiprocessor_count(index: int) -> int:
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
 def paged_decode(
     query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
-    *, _paged_decode_kernel: Any = _paged_decode_kernel,
+    *, _paged_decode_kernel: Any = _paged_decode_kernel, num_segments: int | None = None,
 ) -> torch.Tensor:
-    """Attention for a batch where every request has exactly one new token (query [B, Hq, D])."""
+    """Attention for a batch where every request has exactly one new token (query [B, Hq, D]).
+
+    With this file's own `_paged_decode_kernel` (the engine's default) it runs the split decode: segments of
+    the context in parallel, then their merge (`num_segments`: None picks `num_decode_segments`; 0 runs the
+    single-pass kernel instead). With another kernel (a course exercise's), that kernel in one pass, one
+    program per (request, KV head)."""
+    replaced = _paged_decode_kernel is not _PAGED_DECODE_KERNEL
+    if replaced and num_segments:
+        raise ValueError(f"num_segments={num_segments} needs the split decode, which a replaced "
+                         "_paged_decode_kernel turns off (pass None or 0)")
     launch = _prepare_launch(query, kv_cache, metadata)
-    if launch.num_requests > 0:
+    if launch.num_requests == 0:
+        return launch.output
+    if replaced or num_segments == 0:
         _paged_decode_kernel[(launch.num_requests, launch.num_kv_heads)](
             *launch.tensors, scale, *launch.strides,
             GROUP_PAD=next_power_of_2(launch.group_size), HEAD_PAD=next_power_of_2(launch.head_size),
             TILE_N=DECODE_TILE_N, num_warps=DECODE_NUM_WARPS,
         )
-    return launch.output
+        return launch.output
+    if query.dtype not in SPLIT_DECODE_TILE_N:
+        raise TypeError(f"query dtype must be one of {tuple(SPLIT_DECODE_TILE_N)}, got {query.dtype}")
+    segments = num_segments or num_decode_segments(launch.num_requests, launch.num_kv_heads, query.device)
+    num_heads = query.shape[1]
+    head_pad = max(16, next_power_of_2(launch.head_size))
+    part_out = torch.empty(launch.num_requests, num_heads, segments, head_pad, dtype=torch.float32,
+                           device=query.device)
+    part_max = torch.empty(launch.num_requests, num_heads, segments, dtype=torch.float32, device=query.device)
+    part_sum = torch.empty_like(part_max)
+    output, query, kv_cache, block_table, seq_lens, query_start_loc = launch.tensors
+    (stride_query_token, stride_query_head, stride_out_token, stride_out_head, *cache_strides,
+     head_size, block_size, group_size) = launch.strides
+    _paged_decode_segment_kernel[(launch.num_requests, launch.num_kv_heads, segments)](
+        part_out, part_max, part_sum, query, kv_cache, block_table, seq_lens, query_start_loc, scale,
+        stride_query_token, stride_query_head, *cache_strides,
+        head_size, block_size, group_size, num_heads, segments,
+        ROWS=max(16, next_power_of_2(group_size)), HEAD_PAD=head_pad, TILE_N=SPLIT_DECODE_TILE_N[query.dtype],
+        USE_FP32_DOT=use_interpreter() or query.dtype == torch.float32, num_warps=SPLIT_DECODE_NUM_WARPS,
+    )
+    _reduce_segments_kernel[(launch.num_requests, num_heads)](
+        output, part_out, part_max, part_sum, query_start_loc, stride_out_token, stride_out_head,
+        head_size, num_heads, segments, SEGMENTS_PAD=next_power_of_2(segments), HEAD_PAD=head_pad,
+    )
+    return output
+
+
+_PAGED_DECODE_KERNEL = _paged_decode_kernel  # the default above: "not replaced" is an identity test
 
 
 def paged_prefill(

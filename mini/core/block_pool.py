@@ -26,7 +26,8 @@ class BlockPool:
     """Owns all `KVCacheBlock`s of the cache.
 
     Home of the `kv_cache` role's pool parts (mini/roles.py): the free queue's class, `get_new_blocks`,
-    `free_blocks` and `touch`; an engine built with other parts uses a subclass holding them.
+    `free_blocks`, `touch` and the two halves of lazy eviction, `cache_full_blocks` (publish) and
+    `_maybe_evict_cached_block` (evict on reuse); an engine built with other parts uses a subclass holding them.
     """
 
     FreeKVCacheBlockQueue: ClassVar[type[FreeKVCacheBlockQueue]] = FreeKVCacheBlockQueue

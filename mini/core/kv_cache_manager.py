@@ -43,10 +43,10 @@ class KVCacheManager:
     """Block tables of all requests, on top of one `BlockPool`.
 
     Home of the `kv_cache` role's manager parts (mini/roles.py): `allocate_slots`, the prefix-cache lookup
-    and the two hash functions; `choices` (what the engine chose when it was built) picks the pool's class.
+    `get_computed_blocks` and the two hash functions; `choices` (what the engine chose when it was built)
+    picks the pool's class.
     """
 
-    find_longest_cache_hit = staticmethod(find_longest_cache_hit)
     hash_block_tokens = staticmethod(kv_cache_utils.hash_block_tokens)
     hash_request_tokens = staticmethod(kv_cache_utils.hash_request_tokens)
     replaced_parts: ClassVar[frozenset[str]] = frozenset()
@@ -109,8 +109,8 @@ class KVCacheManager:
         """
         if not self.prefix_cache_lookup_enabled(request):
             return [], 0
-        hits = self.find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1, self.block_pool,
-                                           self.block_size)
+        hits = find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1, self.block_pool,
+                                      self.block_size)
         return hits, len(hits) * self.block_size
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:

@@ -50,7 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini.config import EngineConfig, engine_config_from_args
+from mini.core.request import Request, RequestStatus
 from mini.engine.llm_engine import LLMEngine
+from mini.engine.output_processor import OutputProcessor
 from mini.metrics.stats import SchedulerStats
 from mini.outputs import CompletionOutput, RequestOutput
 from mini.sampling_params import RequestOutputKind, SamplingParams
@@ -126,6 +128,104 @@ class RequestOutputCollector:
         if isinstance(output, BaseException):
             raise output
         return output
+
+
+# ---------------------------------------------------------------------------- vLLM's front-end shape
+# vLLM's AsyncLLM splits each step in two: the engine core (another process) schedules, runs the model and
+# returns `EngineCoreOutput`s (token ids); the front end's `output_handler` task turns them into
+# `RequestOutput`s with the output processor, pushes each into its request's collector, and tells the core
+# to abort the requests a stop string finished (the core cannot see text). `generate()` aborts a request
+# whose consumer went away. mini's `AsyncLLM` above does the same work on its engine thread (`LLMEngine.step`
+# processes the outputs and finishes stop-string requests; `_step_once` routes them; `generate`'s `finally`
+# queues the abort). The three pieces below are that split written as vLLM writes it, over an in-process
+# engine core; the course (phase 13) has the learner write the first two.
+async def output_handler_step(engine_core: Any, output_processor: Any,
+                              collectors: dict[str, RequestOutputCollector]) -> None:
+    """One iteration of vLLM's `output_handler` loop (vllm/v1/engine/async_llm.py `_run_output_handler`).
+
+    Pull the next `EngineCoreOutput`s, process them, push each `RequestOutput` to its request's collector (a
+    finished request's collector leaves `collectors`), then abort in the core the requests the output
+    processor finished by a stop string.
+    """
+    engine_core_outputs = await engine_core.get_output_async()
+    request_outputs, reqs_to_abort = output_processor.process_outputs(engine_core_outputs)
+    for output in request_outputs:
+        collector = collectors.pop(output.request_id) if output.finished else collectors.get(output.request_id)
+        if collector is not None:
+            collector.put(output)
+    if reqs_to_abort:
+        await engine_core.abort_requests_async(reqs_to_abort)
+
+
+async def generate_stream(engine_core: Any, output_processor: Any, collectors: dict[str, RequestOutputCollector],
+                          request: Any) -> AsyncGenerator[RequestOutput, None]:
+    """vLLM's `AsyncLLM.generate` for one processed request (`EngineCoreRequest`, n == 1).
+
+    Register a collector, add the request to the output processor and the engine core, yield its outputs
+    until the finished one. A consumer that goes away (its task cancelled: `CancelledError`; the generator
+    closed: `GeneratorExit`) aborts the request in the output processor and in the engine core, then the
+    exception goes on.
+    """
+    request_id = request.request_id
+    collector = RequestOutputCollector(request.sampling_params.output_kind, asyncio.get_running_loop())
+    collectors[request_id] = collector
+    output_processor.add_request(request)
+    await engine_core.add_request_async(request)
+    finished = False
+    try:
+        while not finished:
+            output = await collector.get()
+            finished = output.finished
+            yield output
+    except (asyncio.CancelledError, GeneratorExit):
+        collectors.pop(request_id, None)
+        output_processor.abort_requests([request_id])
+        await engine_core.abort_requests_async([request_id])
+        raise
+
+
+class InprocEngineCore:
+    """An engine core in this process: an `LLMEngine`'s scheduler and model runner, not its output processor.
+
+    Mirrors `EngineCore.step` (vllm/v1/engine/core.py: schedule, execute, update_from_output) behind the async
+    surface of `AsyncMPClient` (vllm/v1/engine/core_client.py: `add_request_async`, `abort_requests_async`,
+    `get_output_async`). The step runs inline, blocking the event loop for its duration (mini's `AsyncLLM`
+    runs it on a thread instead). `output_processor` is a fresh front-end `OutputProcessor` for the caller.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.output_processor = OutputProcessor(engine.tokenizer, engine.choices)
+        self.aborted: list[str] = []   # every id the front end aborted, in order (for tests and views)
+
+    async def add_request_async(self, request: Any) -> None:
+        core_request = Request.from_engine_core_request(request)
+        self.engine.scheduler.add_request(core_request)
+        self.engine.structured_output_manager.grammar_init(core_request)
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self.aborted.extend(request_ids)
+        self.engine.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[Any]:
+        """One engine-core step -> the `EngineCoreOutput`s of the requests that progressed."""
+        engine = self.engine
+        if not engine.scheduler.has_unfinished_requests():
+            return []
+        scheduler_output = engine.scheduler.schedule()
+        grammar_output = engine.structured_output_manager.grammar_bitmask(engine.scheduler.requests,
+                                                                          scheduler_output)
+        runner_output = engine.model_runner.execute_model(scheduler_output, grammar_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            engine.structured_output_manager.wait_for_compilation(timeout=0.01)
+        return engine.scheduler.update_from_output(scheduler_output, runner_output)
+
+    async def get_output_async(self) -> list[Any]:
+        await asyncio.sleep(0)   # let the consumers run between two steps
+        return self.step()
 
 
 # ---------------------------------------------------------------------------- statistics

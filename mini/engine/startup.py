@@ -11,8 +11,11 @@ The policy (what `LLMEngine` calls when `num_gpu_blocks_override` is None):
 
 * `kv_cache_memory_bytes` given: that many bytes of KV cache, no memory profiling (as vLLM: the user sized
   it; vLLM still runs its dummy forward once, mini skips it).
-* CUDA: budget = `gpu_memory_utilization` x total GPU memory - (weights + peak activations of the
-  profiling run + memory other processes and non-torch allocations already hold), as vLLM. vLLM v0.33.0 also
+* CUDA: budget = ceil(`gpu_memory_utilization` x total GPU memory) - non-KV memory (weights + peak
+  activations of the profiling run + memory outside torch's allocator), as vLLM's
+  `requested_memory - non_kv_cache_memory` (`request_memory` in vllm/v1/worker/utils.py; `memory_profiling` in
+  vllm/utils/mem_utils.py measures the non-KV part as the free memory consumed since the engine was created
+  plus the activations' transient peak); `determine_num_gpu_blocks` is that arithmetic on measured numbers. vLLM v0.33.0 also
   subtracts an estimate of its CUDA graphs' memory (`profile_cudagraph_memory`,
   `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS` on by default); mini does not (its decode-only graphs are small).
 * CPU: there is no device memory to share and torch keeps no allocator statistics, so the budget is
@@ -26,9 +29,10 @@ The policy (what `LLMEngine` calls when `num_gpu_blocks_override` is None):
 * The blocks are `budget // bytes_per_block` and the null block 0 is ONE OF THEM, as in vLLM (the block pool
   takes it from the same count), so the usable blocks are one fewer. A budget of zero or less is refused
   (vLLM: "No available memory for the cache blocks").
-* At least one full-length request must fit, else ValueError. **mini's choice:** the test counts usable
-  blocks (the null block excluded); vLLM compares the bytes of one `max_model_len` request with the budget
-  ("To serve at least one request with the model's max seq len ..."), which accepts a pool one block short.
+* At least one full-length request must fit in the usable blocks (the null block excluded), else ValueError,
+  as vLLM's `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_planning.py), which takes one block's bytes
+  off the budget for the null block before comparing it with one `max_model_len` request's bytes
+  ("To serve at least one request with the model's max seq len ...").
 * The logged capacity is vLLM's: `num_gpu_blocks / cdiv(max_model_len, block_size)` requests, times
   `max_model_len` tokens (vLLM counts the null block in it too).
 """
@@ -36,6 +40,7 @@ The policy (what `LLMEngine` calls when `num_gpu_blocks_override` is None):
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -83,9 +88,55 @@ def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
 
 def gpu_kv_budget_bytes(total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
                         peak_activation_bytes: int, non_torch_bytes: int) -> int:
-    """vLLM's `requested_memory - non_kv_cache_memory` (may be negative: then nothing is left)."""
-    requested = int(total_bytes * gpu_memory_utilization)
+    """vLLM's `requested_memory - non_kv_cache_memory` (may be negative: then nothing is left).
+
+    The requested memory is rounded up, as vLLM's `request_memory` (vllm/v1/worker/utils.py)."""
+    requested = math.ceil(total_bytes * gpu_memory_utilization)
     return requested - (weights_bytes + peak_activation_bytes + non_torch_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryProfile:
+    """What start-up measured on the device, in bytes (vLLM: `MemorySnapshot` / `MemoryProfilingResult`)."""
+
+    total_bytes: int                # the device's memory
+    weights_bytes: int              # the loaded model
+    peak_activation_bytes: int      # the profiling run's transient peak above what stays allocated
+    non_torch_bytes: int            # outside torch's allocator (CUDA context, NCCL, ...)
+
+
+def check_blocks_fit(num_blocks: int, block_size: int, max_model_len: int, budget_bytes: int, policy: str) -> None:
+    """Refuse a pool whose usable blocks (the null block excluded) cannot hold one `max_model_len` request."""
+    blocks_per_request = cdiv(max_model_len, block_size)
+    if usable_blocks(num_blocks) < blocks_per_request:
+        raise ValueError(
+            f"the KV cache budget ({budget_bytes / 2**20:.1f} MiB, policy {policy}) holds {num_blocks} blocks of "
+            f"{block_size} tokens, the null block among them, but one request of "
+            f"max_model_len={max_model_len} tokens needs {blocks_per_request} usable blocks: raise "
+            "kv_cache_memory_bytes or gpu_memory_utilization, or lower max_model_len")
+
+
+def check_budget_positive(budget_bytes: int, policy: str) -> None:
+    """vLLM: "No available memory for the cache blocks" when nothing is left for the KV cache."""
+    if budget_bytes <= 0:
+        raise ValueError(
+            f"No available memory for the cache blocks (budget {budget_bytes / 2**20:.1f} MiB, policy {policy}): "
+            "raise kv_cache_memory_bytes or gpu_memory_utilization")
+
+
+def determine_num_gpu_blocks(profile: MemoryProfile, gpu_memory_utilization: float, bytes_per_block: int,
+                             block_size: int, max_model_len: int) -> int:
+    """KV blocks (the null block among them) for what a profiling run measured; ValueError when none fit.
+
+    vLLM: `Worker.determine_available_memory` (vllm/v1/worker/gpu_worker.py) for the budget, then
+    `get_kv_cache_config_from_groups` and `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_planning.py).
+    """
+    budget = gpu_kv_budget_bytes(profile.total_bytes, gpu_memory_utilization, profile.weights_bytes,
+                                 profile.peak_activation_bytes, profile.non_torch_bytes)
+    check_budget_positive(budget, "gpu_memory_utilization")
+    num_blocks = num_blocks_for_budget(budget, bytes_per_block)
+    check_blocks_fit(num_blocks, block_size, max_model_len, budget, "gpu_memory_utilization")
+    return num_blocks
 
 
 def cpu_kv_budget_bytes(available_ram_bytes: int | None, peak_activation_bytes: int,
@@ -192,25 +243,21 @@ def determine_num_kv_blocks(model: Any, config: EngineConfig, hf_config: Any, by
         free, total = torch.cuda.mem_get_info(device)
         non_torch = max(0, (total - free) - torch.cuda.memory_reserved(device))
         policy = "gpu_memory_utilization"
+        profile = MemoryProfile(total, weights, peak, non_torch)
         budget = gpu_kv_budget_bytes(total, config.gpu_memory_utilization, weights, peak, non_torch)
+        # The same numbers through the one function the course's exercise mirrors (checks included).
+        determine_num_gpu_blocks(profile, config.gpu_memory_utilization, bytes_per_block, config.block_size,
+                                 max_model_len)
         cap = None
     else:
         peak, seconds = profile_run(model, config)
         policy, budget = "cpu_default", cpu_kv_budget_bytes(available_ram_bytes(), peak)
         cap = config.max_num_seqs * blocks_per_request
-    if budget <= 0:
-        raise ValueError(
-            f"No available memory for the cache blocks (budget {budget / 2**20:.1f} MiB, policy {policy}): raise "
-            "kv_cache_memory_bytes or gpu_memory_utilization")
+    check_budget_positive(budget, policy)
     num_gpu_blocks = num_blocks_for_budget(budget, bytes_per_block)
     if cap is not None:                 # mini's CPU cap: `cap` usable blocks, plus the null block
         num_gpu_blocks = min(num_gpu_blocks, cap + 1)
-    if usable_blocks(num_gpu_blocks) < blocks_per_request:
-        raise ValueError(
-            f"the KV cache budget ({budget / 2**20:.1f} MiB, policy {policy}) holds {num_gpu_blocks} blocks of "
-            f"{config.block_size} tokens, the null block among them, but one request of "
-            f"max_model_len={max_model_len} tokens needs {blocks_per_request} usable blocks: raise "
-            "kv_cache_memory_bytes or gpu_memory_utilization, or lower max_model_len")
+    check_blocks_fit(num_gpu_blocks, config.block_size, max_model_len, budget, policy)
     report = StartupReport(
         num_gpu_blocks=num_gpu_blocks, kv_cache_bytes=budget, bytes_per_block=bytes_per_block,
         kv_cache_tokens=kv_cache_tokens(num_gpu_blocks, config.block_size, max_model_len),

@@ -21,6 +21,7 @@ from mini.beam_search import (
     BeamSearchInstance,
     BeamSearchOutput,
     BeamSearchSequence,
+    beam_search_step,
     create_sort_beams_key_function,
 )
 from mini.config import EngineConfig, engine_config_from_args
@@ -200,26 +201,17 @@ class LLM:
                     break
                 outputs = iter(self.generate([beam.get_prompt() for beam in beams], step_params, use_tqdm=False))
                 for instance in batch:
-                    candidates: list[BeamSearchSequence] = []
-                    for beam in instance.beams:
+                    beam_logprobs = []
+                    for _ in instance.beams:
                         logprobs = next(outputs).outputs[0].logprobs
-                        if not logprobs:  # nothing came back (vLLM: the request hit max_model_len or was aborted)
-                            continue
-                        for token_id, logprob in logprobs[0].items():
-                            candidate = BeamSearchSequence(
-                                orig_prompt=beam.orig_prompt, tokens=beam.tokens + [token_id],
-                                logprobs=beam.logprobs + [logprobs[0]],
-                                cum_logprob=beam.cum_logprob + logprob.logprob,
-                            )
-                            if token_id == eos_token_id:
-                                candidate.finish_reason = "stop"
-                                instance.completed.append(candidate)
-                            else:
-                                candidates.append(candidate)
-                    instance.beams = sorted(candidates, key=sort_beams_key, reverse=True)[:params.beam_width]
+                        beam_logprobs.append(logprobs[0] if logprobs else None)
+                    beam_search_step(instance, beam_logprobs, params.beam_width, params.length_penalty,
+                                     eos_token_id)
 
         results = []
         for instance in instances:
+            for beam in instance.completed:  # only EOS moves a beam to `completed`
+                beam.finish_reason = "stop"
             for beam in instance.beams:
                 beam.finish_reason = "length"
             best = sorted(instance.completed + instance.beams, key=sort_beams_key, reverse=True)[:params.beam_width]

@@ -12,8 +12,8 @@ Order of operations (as vLLM's `Sampler.forward` / `Sampler.sample`):
    fused one that only looks at each row's top-k window;
 6. greedy and random rows are merged with one `torch.where`.
 
-`apply_temperature`, `apply_all_penalties`, `apply_top_k_top_p`, `random_sample` and `gather_logprobs`
-are the parts this class holds for the sampler role (mini/roles.py); it calls them through `self`, so an
+`apply_temperature`, `apply_bad_words`, `apply_all_penalties`, `apply_top_k_top_p`, `random_sample` and
+`gather_logprobs` are the parts this class holds for the sampler role (mini/roles.py); it calls them through `self`, so an
 engine built with a replacement runs it. The fused path (step 5 in a top-k window) is the default; a
 sampler built with any part replaced runs the reference pipeline instead, decided once, in `__init__`.
 `compute_probs` walks the same pipeline and stops at the distribution `sample` would draw from.
@@ -78,6 +78,7 @@ class Sampler(nn.Module):
     """
 
     apply_temperature = staticmethod(apply_temperature)
+    apply_bad_words = staticmethod(bad_words_ops.apply_bad_words)
     apply_all_penalties = staticmethod(penalties_ops.apply_all_penalties)
     apply_top_k_top_p = staticmethod(topk_topp_ops.apply_top_k_top_p)
     random_sample = staticmethod(sampler_ops.random_sample)
@@ -127,8 +128,8 @@ class Sampler(nn.Module):
         if metadata.allowed_token_ids_mask is not None:
             logits.masked_fill_(metadata.allowed_token_ids_mask, -float("inf"))
         if metadata.bad_words_token_ids:
-            logits = bad_words_ops.apply_bad_words(logits, metadata.bad_words_token_ids,
-                                                   metadata.output_token_ids)
+            banned = self.apply_bad_words(logits, metadata.bad_words_token_ids, metadata.output_token_ids)
+            logits = logits if banned is None else banned   # vLLM's edits in place and returns None
         for processor in metadata.logitsprocs.non_argmax_invariant:
             logits = processor.apply(logits)
         return self.apply_penalties(logits, metadata)

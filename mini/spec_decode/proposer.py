@@ -4,7 +4,8 @@ Mirrors the proposer selection in `GPUModelRunner.__init__` (vllm/v1/worker/gpu_
 builds an `NgramProposer`, a `DraftModelProposer` or an `EagleProposer` from the speculative config, and
 `propose_draft_token_ids`, which the runner calls after sampling. Every drafter here has one method,
 `propose(states, new_token_ids, is_partial, inputs, hidden) -> one draft list per batch row`. `choices`
-(what the engine chose when it was built, mini/roles.py) picks the `NgramProposer` class.
+(what the engine chose when it was built, mini/roles.py) picks the `NgramProposer` and `EagleProposer` classes
+(the homes of the drafter role's parts).
 """
 
 from __future__ import annotations
@@ -56,4 +57,4 @@ def build_drafter(config: EngineConfig, target_model: torch.nn.Module, num_block
         return NgramDrafter.from_config(spec, config.max_model_len, choices)
     if spec.method == "draft_model":
         return DraftModelProposer(config, target_model, num_blocks)
-    return EagleProposer(config, target_model, num_blocks)
+    return choices.resolve(EagleProposer)(config, target_model, num_blocks)

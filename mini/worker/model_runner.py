@@ -71,8 +71,7 @@ def run_model(
 
 # The parts of the `input_preparation` role that build the flat inputs: with one replaced, the runner runs the
 # reference composition (`prepare_inputs` from the per-request lists) instead of its persistent block table.
-INPUT_PARTS = frozenset({"prepare_inputs", "compute_query_start_loc", "compute_positions", "compute_slot_mapping",
-                         "compute_logits_indices"})
+INPUT_PARTS = frozenset({"prepare_inputs", "compute_query_start_loc", "compute_positions", "compute_slot_mapping"})
 # Roles whose parts run inside the forward a CUDA graph records: with one replaced, decode runs eager.
 FORWARD_ROLES = ("input_preparation", "model", "attention")
 
@@ -90,7 +89,6 @@ class ModelRunner:
     compute_query_start_loc = staticmethod(batch_inputs.compute_query_start_loc)
     compute_positions = staticmethod(batch_inputs.compute_positions)
     compute_slot_mapping = staticmethod(batch_inputs.compute_slot_mapping)
-    compute_logits_indices = staticmethod(batch_inputs.compute_logits_indices)
     build_attention_metadata = staticmethod(build_attention_metadata)
     run_model = staticmethod(run_model)
 
@@ -216,7 +214,12 @@ class ModelRunner:
             inputs = batch_inputs.assemble_inputs(input_ids, computed, scheduled, block_table.get(len(states)),
                                                   self.block_size)
         inputs = inputs.to(self.device)
-        return inputs, self.build_attention_metadata(inputs)
+        if "build_attention_metadata" in self.replaced_parts:  # a course exercise's builder reads its own maxima
+            return inputs, self.build_attention_metadata(inputs)
+        # The two maxima from the host's lists: reading them from the device tensors (`int(t.max())`) would make
+        # the CPU wait for the GPU before every forward. vLLM takes them from its CPU-side arrays too.
+        return inputs, self.build_attention_metadata(
+            inputs, max_query_len=max(scheduled), max_seq_len=max(map(sum, zip(computed, scheduled))))
 
     # ------------------------------------------------------------------ 3-5. the step
     @torch.inference_mode()
@@ -236,7 +239,8 @@ class ModelRunner:
             trace.inputs = inputs
         hidden, logits = self._forward(inputs, metadata)
 
-        seq_lens = inputs.seq_lens.tolist()
+        # (from the host: `inputs.seq_lens.tolist()` would wait for the forward before the sampler is set up)
+        seq_lens = [state.num_computed_tokens + scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
         # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards (as vLLM
         # rewinds the generators of the requests whose sample it discards).
         is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens)]
@@ -334,6 +338,8 @@ class ModelRunner:
     def _prompt_logprobs(self, states, hidden, inputs) -> dict[str, list[dict[int, float] | None]]:
         """For requests asking `prompt_logprobs`: logprob of each prompt token given the ones before it."""
         result: dict[str, list[dict[int, float] | None]] = {}
+        if all(state.sampling_params.prompt_logprobs is None for state in states):
+            return result
         starts = inputs.query_start_loc.tolist()
         for row, state in enumerate(states):
             wanted = state.sampling_params.prompt_logprobs
@@ -357,12 +363,11 @@ class ModelRunner:
     @torch.inference_mode()
     def replay_forward(self, inputs: batch_inputs.PreparedInputs | None) -> torch.Tensor | None:
         """Forward + logits of a recorded step's inputs (a step observer's `trace.inputs`): writes the same
-        K/V slots again; no sampling. Times the model alone."""
+        K/V slots again; no sampling. Times the model alone, the way the step ran it (a decode step replays
+        its CUDA graph where one was captured)."""
         if inputs is None:
             return None
-        metadata = self.build_attention_metadata(inputs)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, metadata)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        return self._forward(inputs, self.build_attention_metadata(inputs))[1]
 
 
 def _fed_tokens(state: CachedRequestState, start: int, count: int) -> list[int]:

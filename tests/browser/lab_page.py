@@ -30,7 +30,9 @@ DRIVERS = ("chromedriver",)
 # output falls back to when no widget manager is installed at all (e.g. "VBox(children=(...))").
 WIDGET_FAILURE_TEXTS = ("Error displaying widget", "Loading widget...", "Failed to load model class",
                         "Could not create a view", "model not found", "Click to show javascript error")
-WIDGET_FALLBACK_PREFIXES = ("VBox(", "HBox(", "IntSlider(", "HTML(value", "Output(", "Play(")
+# A course widget's own fallback (labs/views/text_view.py) starts with "Text view of ".
+WIDGET_FALLBACK_PREFIXES = ("VBox(", "HBox(", "IntSlider(", "HTML(value", "Output(", "Play(", "ViewBox(",
+                            "Text view of ")
 
 # Console messages at SEVERE level that are not the course's: the browser asks for a favicon the server
 # does not have. Everything else at SEVERE fails a test.

@@ -126,8 +126,50 @@ def check_fsm_buttons(page: NotebookPage) -> None:
                      "the prefix to grow after 'sample next token'")
     assert grown.rstrip("]").startswith(start.rstrip("]")) and len(grown) > len(start), (start, grown)
     assert _fsm_lines(page, box)[1], "no 'allowed next' line after sampling"
+    wait_for(lambda: "drawn from the model's masked distribution" in page.js(
+        "return arguments[0].querySelector('.widget-output').innerText;", box), 30,
+        "the 'last sample' line: drawn from the model's masked distribution")
     button["reset"].click()
     wait_for(lambda: _fsm_lines(page, box)[0] == "tokens so far: []", 30, "reset to empty the prefix")
+    wait_for(lambda: page.js("return arguments[0].querySelectorAll('.widget-output img').length;", box), 30,
+             "the DFA figure to be redrawn after reset")
+
+
+def check_block_slots(page: NotebookPage) -> None:
+    """Phase 01's block-table widget draws each block as its slots (filled ones shaded), names every owner
+    with the block's ref count, and carries a legend: one step forward (step 1 allocates blocks), then back."""
+    from selenium.webdriver.common.keys import Keys
+
+    boxes = [box for box in page.slider_widgets()
+             if page.js("return !!arguments[0].querySelector('.bt-legend');", box)]
+    assert boxes, "no block-table board with a legend on the page"
+    box = boxes[0]
+    _, board = page.press_on_slider(box, Keys.ARROW_RIGHT)
+    counts = page.js(
+        "const b = arguments[0].querySelector('.widget-html-content');"
+        "return [b.querySelectorAll('.bt-slot').length, b.querySelectorAll('.bt-filled').length,"
+        " b.querySelectorAll('.bt-ref').length, b.querySelectorAll('.bt-owners').length];", box)
+    page.press_on_slider(box, Keys.ARROW_LEFT)
+    slots, filled, refs, owners = counts
+    assert refs == owners >= 1 and slots % refs == 0 and 0 < filled <= slots, (counts, board[:300])
+    assert "allocated slots empty" in board, board[:300]
+
+
+def check_fsm_mask_content(page: NotebookPage) -> None:
+    """Phase 11's FSM-mask widget shows the state table, the allowed tokens grouped, one int32 word as 32 bits
+    and the model's probabilities before and after the mask; sampling says it drew from the model."""
+    found = page.js(
+        "const r = document.querySelector('.jp-OutputArea-output .widget-output .fsm-report');"
+        "if (!r) return null;"
+        "return {bits: r.querySelectorAll('.fsm-word .fsm-bit').length, table: !!r.querySelector('.fsm-table'),"
+        " groups: r.querySelectorAll('.fsm-groups li').length, probs: !!r.querySelector('.fsm-probs'),"
+        " text: r.innerText};")
+    assert found, "no FSM report (state table, groups, mask word) inside the widget"
+    assert found["bits"] == 32 and found["table"] and found["groups"] >= 1 and found["probs"], found
+    assert "before the mask" in found["text"] and "after the mask" in found["text"], found["text"][:300]
+    wait_for(lambda: page.js("const r = document.querySelector('.jp-OutputArea-output .widget-output .fsm-report');"
+                             "return r.closest('.widget-output').querySelectorAll('img').length;"), 30,
+             "the DFA figure inside the FSM-mask widget")
 
 
 def check_live_dashboard(page: NotebookPage) -> None:
@@ -151,7 +193,10 @@ def test_phase_runs_and_renders_in_jupyterlab(assignment_id, lab, browser, artif
         if assignment_id in STEP_LABELS:
             check_slider(page, STEP_LABELS[assignment_id])
             page.screenshot(artifacts / f"{assignment_id}-slider.png")
+        if assignment_id == "01_paged_kv":
+            check_block_slots(page)
         if assignment_id == "11_structured_output":
+            check_fsm_mask_content(page)
             check_fsm_buttons(page)
             page.screenshot(artifacts / f"{assignment_id}-fsm.png")
         if assignment_id == "13_serving":

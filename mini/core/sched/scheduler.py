@@ -111,14 +111,14 @@ def _sampled_logprobs(runner_output: ModelRunnerOutput, req_index: int, num_toke
 class Scheduler:
     """Decides, every step, which requests run and how many tokens each one computes.
 
-    Home of the `scheduler` role (mini/roles.py): `schedule` and the four decisions it and
+    Home of the `scheduler` role (mini/roles.py): `schedule` and the three decisions it and
     `update_from_output` call through `self.` (`num_tokens_to_schedule`, `select_preemption_victim`,
-    `rollback_spec_tokens`, `check_stop`); an engine built with other parts uses a subclass holding them.
+    `check_stop`); an engine built with other parts uses a subclass holding them. (`rollback_spec_tokens` is
+    plain bookkeeping, not a part: the course teaches it inside the EAGLE proposer's input preparation.)
     """
 
     num_tokens_to_schedule = staticmethod(num_tokens_to_schedule)
     select_preemption_victim = staticmethod(select_preemption_victim)
-    rollback_spec_tokens = staticmethod(rollback_spec_tokens)
     check_stop = staticmethod(sched_utils.check_stop)
     replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
@@ -452,7 +452,7 @@ class Scheduler:
         """
         num_accepted = 0
         if num_draft_tokens and num_generated_tokens:
-            request.num_computed_tokens, num_accepted = self.rollback_spec_tokens(
+            request.num_computed_tokens, num_accepted = rollback_spec_tokens(
                 request.num_computed_tokens, num_draft_tokens, num_generated_tokens)
             self.spec_decoding_stats.observe_draft(num_draft_tokens, num_accepted)
         request.spec_token_ids = []

@@ -6,9 +6,10 @@ reorganizes rows during a step; `get_and_reset(batch_size)` then hands the proce
 is popped from the removed list (`pop_removed`), so it shows up only as an add, as in vLLM.
 
 `LogitsProcessors` holds an engine's processors, split as the sampler uses them. It is also the home of
-two parts of the sampler role (mini/roles.py): `process_dict_updates`, the standard way for a processor
+four parts of the sampler role (mini/roles.py): `process_dict_updates`, the standard way for a processor
 that keeps `{row: state}` to follow a `BatchUpdate` (defined in builtin.py, as vLLM's), which it hands to
-the built-in processors it builds, and `MinTokensLogitsProcessor`, the min-tokens class it builds.
+the built-in processors it builds, and the three built-in classes it builds (`MinPLogitsProcessor`,
+`LogitBiasLogitsProcessor`, `MinTokensLogitsProcessor`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import torch
 
 from mini.sample.logits_processor import builtin
 from mini.sample.logits_processor.builtin import (
-    LogitBiasLogitsProcessor,
-    MinPLogitsProcessor,
     RowStateLogitsProcessor,
     process_dict_updates,
 )
@@ -101,8 +100,9 @@ class BatchUpdateBuilder:
 class LogitsProcessors:
     """The loaded processors, split as the sampler uses them.
 
-    Built by `build` from the class `Choices.resolve` gives (mini/roles.py): its `MinTokensLogitsProcessor`
-    is the min-tokens class it instantiates, and its `process_dict_updates` the one its built-in
+    Built by `build` from the class `Choices.resolve` gives (mini/roles.py): its `MinPLogitsProcessor`,
+    `LogitBiasLogitsProcessor` and `MinTokensLogitsProcessor` are the built-in classes it instantiates, and
+    its `process_dict_updates` the one its built-in
     processors follow the batch with.
     """
 
@@ -110,6 +110,8 @@ class LogitsProcessors:
     non_argmax_invariant: list[LogitsProcessor] = field(default_factory=list)
 
     process_dict_updates: ClassVar = staticmethod(process_dict_updates)
+    MinPLogitsProcessor: ClassVar[type[LogitsProcessor]] = builtin.MinPLogitsProcessor
+    LogitBiasLogitsProcessor: ClassVar[type[LogitsProcessor]] = builtin.LogitBiasLogitsProcessor
     MinTokensLogitsProcessor: ClassVar[type[LogitsProcessor]] = builtin.MinTokensLogitsProcessor
     replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
@@ -118,7 +120,7 @@ class LogitsProcessors:
               custom_classes: Sequence[type[LogitsProcessor]] = ()) -> LogitsProcessors:
         """One instance of each built-in (min-p, logit bias, min tokens), then of each custom class."""
         container = cls()
-        for processor_class in (MinPLogitsProcessor, LogitBiasLogitsProcessor, cls.MinTokensLogitsProcessor,
+        for processor_class in (cls.MinPLogitsProcessor, cls.LogitBiasLogitsProcessor, cls.MinTokensLogitsProcessor,
                                 *custom_classes):
             container.add(container.instantiate(processor_class, config, device, is_pin_memory))
         return container
