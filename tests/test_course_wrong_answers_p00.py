@@ -34,6 +34,27 @@ def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
     return new_tokens[:max_new_tokens]
 '''
 
+WRONG_TOKEN_FED = '''
+def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
+    out = model(input_ids=torch.tensor([list(prompt_token_ids)]), use_cache=True)
+    new_tokens = [int(out.logits[0, -1].argmax())]
+    while len(new_tokens) < max_new_tokens:
+        out = model(input_ids=torch.tensor([[prompt_token_ids[-1]]]), cache=out.cache, use_cache=True)
+        new_tokens.append(int(out.logits[0, -1].argmax()))
+    return new_tokens
+'''
+
+FRESH_CACHE_EACH_CALL = '''
+def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
+    from transformers import DynamicCache
+    out = model(input_ids=torch.tensor([list(prompt_token_ids)]), use_cache=True)
+    new_tokens = [int(out.logits[0, -1].argmax())]
+    while len(new_tokens) < max_new_tokens:
+        out = model(input_ids=torch.tensor([[new_tokens[-1]]]), cache=DynamicCache(), use_cache=True)
+        new_tokens.append(int(out.logits[0, -1].argmax()))
+    return new_tokens
+'''
+
 WRONG = [
     # kv_bytes_per_block
     Wrong("kv_bytes_per_block", "no factor 2 for K and V",
@@ -54,13 +75,22 @@ WRONG = [
     Wrong("generate_naive", "feeds only the newest token",
           edit=("logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits",
                 "logits = model(input_ids=torch.tensor([ids[-1:] if new_tokens else ids]), use_cache=False).logits"),
-          expect="the WHOLE sequence so far"),
+          expect="first differing model call: call 1"),
     Wrong("generate_naive", "one step too few",
           edit=("for _ in range(max_new_tokens):", "for _ in range(max_new_tokens - 1):"),
-          expect="token ids fed to the model at each call"),
+          expect="the reference makes 6 calls, yours made 5"),
+    Wrong("generate_naive", "argmax of the first position",
+          edit=("token = int(logits[0, -1].argmax())", "token = int(logits[0, 0].argmax())"),
+          expect="first differing token: step 0"),
+    Wrong("generate_naive", "the new token is not appended to the sequence",
+          edit=("        ids.append(token)\n", ""), expect="first differing model call: call 1"),
     # generate_with_kv_cache
     Wrong("generate_with_kv_cache", "the cache is not passed back", source=NO_CACHE_PASSED,
           expect="must pass the `cache`"),
+    Wrong("generate_with_kv_cache", "feeds the prompt's last token at every decode step", source=WRONG_TOKEN_FED,
+          expect="first differing token: step 1"),
+    Wrong("generate_with_kv_cache", "a fresh, empty cache at each decode step", source=FRESH_CACHE_EACH_CALL,
+          expect="positions in the cache"),
     Wrong("generate_with_kv_cache", "the whole sequence fed with the cache", source=WHOLE_SEQUENCE_WITH_CACHE,
           expect="feed ONLY the newest token"),
     Wrong("generate_with_kv_cache", "one model call too many", source=ONE_CALL_TOO_MANY,

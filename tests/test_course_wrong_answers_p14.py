@@ -3,6 +3,31 @@
 import pytest
 from course_fidelity import Wrong, assert_wrong_fails, wrong_params
 
+LENGTHS_FIRST = '''
+def first_divergence(expected, got):
+    for index, (want, have) in enumerate(zip(expected, got)):
+        if len(want) != len(have):
+            return index, min(len(want), len(have))
+        for position, (a, b) in enumerate(zip(want, have)):
+            if a != b:
+                return index, position
+    return None
+'''
+
+SKIPS_ONLY_DROPPED = '''
+def phase_scores(results):
+    scores = {}
+    for result in results:
+        if result.outcome == "skipped":
+            continue
+        earned, possible = scores.get(result.phase, (0, 0))
+        possible += result.points
+        if result.outcome == "passed":
+            earned += result.points
+        scores[result.phase] = (earned, possible)
+    return scores
+'''
+
 LINEAR_SCAN = '''
 def find_breaking_component(components, is_exact):
     if not components or is_exact(list(components)):
@@ -48,6 +73,8 @@ WRONG = [
     Wrong("first_divergence", "token position and prompt index swapped",
           edit=("                return index, position", "                return position, index"),
           expect="(prompt index, token position)"),
+    Wrong("first_divergence", "lengths compared before the tokens", source=LENGTHS_FIRST,
+          expect="the first token position where the two lists differ"),
     # find_breaking_component
     Wrong("find_breaking_component", "one component at a time", source=LINEAR_SCAN,
           expect="halve the suspects"),
@@ -66,6 +93,8 @@ WRONG = [
     Wrong("phase_scores", "failed results earn their points",
           edit=('if result.outcome == "passed":', 'if result.outcome != "not implemented":'),
           expect="passed earns its points, other outcomes 0"),
+    Wrong("phase_scores", "a phase of skips left out", source=SKIPS_ONLY_DROPPED,
+          expect="even one whose results are all skipped: (0, 0)"),
 ]
 
 

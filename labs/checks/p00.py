@@ -4,9 +4,12 @@
     check_generate_naive(generate_naive)                vs transformers greedy `generate` (no cache)
     check_generate_with_kv_cache(generate_with_kv_cache)  vs the same, one token per step
 
-The two loops are checked on a tiny random Llama (built from a config, never downloaded), both for
-their tokens and for what they feed the model at each call: the whole sequence every time without a
-cache; the prompt once, then one token per call with a cache.
+The two loops are checked on a tiny random Llama (built from a config, never downloaded), call by call
+(a forward hook records how many token ids each call is fed, whether a cache came with them and how many
+positions that cache held: the whole sequence every time without a cache; the prompt once, then one token
+per call on a cache of every earlier position with one), then token by token. A failure names the prompt,
+the first model call or the first token (step) where the learner's run and the reference part, and a hint
+naming the concept (feeding only the new token, the cache's positions, the stopping rule, the last position).
 
 vLLM counterparts: `kv_bytes_per_block` is `AttentionSpec.page_size_bytes` (vllm/v1/kv_cache_interface.py)
 summed over the layers, with the head size and KV heads of vllm/transformers_utils/model_arch_config_convertor.py;
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import calling, expect_equal, passed, tiny_llama_config
+from labs.checks.common import calling, expect_equal, expect_same_steps, passed, tiny_llama_config
 from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
 from mini.engine.llm_engine import LLMEngine
@@ -180,20 +183,21 @@ def _greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> lis
     return output[0, len(prompt_token_ids) :].tolist()
 
 
-class _InputLengthSpy:
-    """Records, at each forward call, how many token ids the model is given and whether a cache came with them."""
+class _CallRecorder:
+    """Records, at each forward call of the model, how many token ids it is given, whether a cache came with
+    them and how many positions that cache already held (one dict per call)."""
 
     def __init__(self, model: Any) -> None:
-        self.lengths: list[int] = []
-        self.with_cache: list[bool] = []
+        self.calls: list[dict[str, Any]] = []
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module: Any, args: tuple, kwargs: dict) -> None:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         if input_ids is not None:
-            self.lengths.append(int(input_ids.shape[-1]))
             cache = kwargs.get("cache", kwargs.get("past_key_values"))
-            self.with_cache.append(cache is not None)
+            cached = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+            self.calls.append({"token ids fed": int(input_ids.shape[-1]), "cache passed": cache is not None,
+                               "positions in the cache": int(cached)})
 
     def remove(self) -> None:
         self._handle.remove()
@@ -207,63 +211,132 @@ def _loop_cases(seeds: Iterable[int]) -> list[tuple[list[int], int]]:
     return cases
 
 
-def _check_loop(
-    name: str, loop: Callable, seeds: Iterable[int], expected_lengths: Callable, hint: str,
-    expected_cache: Callable | None = None,
-) -> int:
+def _expected_calls(cached: bool, prompt_len: int, max_new_tokens: int) -> list[dict[str, Any]]:
+    """The reference's model calls: call k produces new token k."""
+    if not cached:
+        return [{"token ids fed": prompt_len + k, "cache passed": False, "positions in the cache": 0}
+                for k in range(max_new_tokens)]
+    return [{"token ids fed": prompt_len, "cache passed": False, "positions in the cache": 0}] + [
+        {"token ids fed": 1, "cache passed": True, "positions in the cache": prompt_len + k - 1}
+        for k in range(1, max_new_tokens)]
+
+
+CALLS_HINT = {  # (cached loop?, what is off) -> the concept to revisit
+    (False, "fed"): "without a cache every step runs the model on the WHOLE sequence so far (prompt + every "
+                    "new token): the model has no memory of earlier calls",
+    (True, "fed"): "prefill the prompt once, then feed ONLY the newest token: the cache already holds the keys "
+                   "and values of every earlier position",
+    (True, "cache"): "every call after the prefill must pass the `cache` the previous call returned: without it "
+                     "the model sees only the newest token, at position 0",
+    (True, "positions"): "the cache passed at call k must already hold the keys and values of every earlier "
+                         "position (the prompt, then new tokens 0..k-2), so that the token you feed lands at the "
+                         "next position: pass the cache the previous call returned, not a new or trimmed one",
+    (False, "positions"): "the naive loop passes no cache: each call starts from nothing",
+    (False, "cache"): "the naive loop passes no cache (use_cache=False): each call starts from nothing",
+    (True, "too many"): "one call per token: call k produces new token k, so the last new token needs no call "
+                        "after it (stopping rule: max_new_tokens calls in all)",
+    (False, "too many"): "one call per token: call k produces new token k (stopping rule: max_new_tokens calls)",
+    (True, "too few"): "stopping rule: exactly max_new_tokens new tokens, one model call each",
+    (False, "too few"): "stopping rule: exactly max_new_tokens new tokens, one model call each",
+}
+
+
+def _check_calls(name: str, cached: bool, inputs: dict[str, Any], expected: list[dict], got: list[dict]) -> None:
+    __tracebackhide__ = True
+    step = next((k for k, (e, g) in enumerate(zip(expected, got)) if e != g), None)
+    if step is not None:
+        e, g = expected[step], got[step]
+        kind = ("cache" if e["cache passed"] != g["cache passed"] else "fed" if e["token ids fed"] != g["token ids fed"]
+                else "positions")
+    elif len(got) != len(expected):
+        step, kind = min(len(got), len(expected)), "too many" if len(got) > len(expected) else "too few"
+    else:
+        return
+    names = [f"call {k} ({'prefill' if k == 0 and cached else 'decode' if cached else 'full sequence'})"
+             for k in range(max(len(expected), len(got)))]
+    where = f"prompt_token_ids={inputs['prompt_token_ids']}, max_new_tokens={inputs['max_new_tokens']}"
+    try:
+        expect_same_steps(f"{name} ({where}): what you fed the model at each call", expected, got,
+                          hint=CALLS_HINT[cached, kind], step_names=names)
+    except AssertionError as failure:
+        body, _, hint = str(failure).rpartition("\n  hint: ")
+        raise AssertionError(f"{body}\n  first differing model call: call {step} (the reference makes "
+                             f"{len(expected)} calls, yours made {len(got)})\n  hint: {hint}") from None
+
+
+def _token_hint(cached: bool, prompt: list[int], expected: list[int], got: Any, step: int | None) -> str:
+    if isinstance(got, list) and got[: len(prompt)] == prompt and len(got) == len(prompt) + len(expected):
+        return "return ONLY the new token ids (a list, not the prompt)"
+    if not isinstance(got, list) or step is None:
+        return ("return a list of exactly max_new_tokens ints (stopping rule: no more, no fewer; this model has "
+                "no EOS), each the argmax of the last position's logits")
+    if step == 0:
+        return ("new token 0 is the argmax of the logits at the LAST position of the prompt's call "
+                "(logits[0, -1]), not of another position")
+    if cached:
+        return (f"tokens 0..{step - 1} agree, so the prefill is right: at call {step} feed the token generated at "
+                f"step {step - 1}, with the cache of every earlier position (the KV cache's positions must be "
+                "0..n-1 in order, each token once)")
+    return (f"tokens 0..{step - 1} agree: before call {step} append new token {step - 1} to the sequence, and take "
+            "the argmax of the LAST position's logits each time")
+
+
+def _check_tokens(name: str, cached: bool, inputs: dict[str, Any], expected: list[int], got: Any) -> None:
+    __tracebackhide__ = True
+    if got == expected:
+        return
+    prompt = inputs["prompt_token_ids"]
+    step = None
+    if isinstance(got, list):
+        step = next((k for k, (e, g) in enumerate(zip(expected, got)) if e != g), None)
+    hint = _token_hint(cached, prompt, expected, got, step)
+    lines = [f"{name}: wrong tokens for prompt_token_ids={prompt}, max_new_tokens={inputs['max_new_tokens']}"]
+    if step is not None:
+        agreed = f"tokens 0..{step - 1} agree: {expected[:step]}" if step else "the very first new token"
+        lines += [f"  first differing token: step {step} ({agreed})",
+                  f"  expected from step {step}: {expected[step:step + 8]}",
+                  f"  got from step {step}:      {got[step:step + 8]}"]
+    elif isinstance(got, list):
+        lines.append(f"  length: expected {len(expected)} new tokens, got {len(got)} "
+                     f"(the first {min(len(expected), len(got))} agree)")
+    lines += [f"  expected: {expected}", f"  got:      {got!r}"[:400], f"  hint: {hint}"]
+    raise AssertionError("\n".join(lines))
+
+
+def _check_loop(name: str, loop: Callable, seeds: Iterable[int], cached: bool) -> int:
     model = tiny_llama()
     cases = _loop_cases(seeds)
     for prompt, max_new_tokens in cases:
         inputs = {"prompt_token_ids": prompt, "max_new_tokens": max_new_tokens}
         expected = reference_greedy(model, prompt, max_new_tokens)
-        spy = _InputLengthSpy(model)
+        recorder = _CallRecorder(model)
         try:
             with calling(name, inputs, expected=expected), torch.no_grad():
                 got = loop(model, list(prompt), max_new_tokens)
         finally:
-            spy.remove()
+            recorder.remove()
         got = got.tolist() if isinstance(got, torch.Tensor) else got
-        expect_equal(f"{name}: token ids fed to the model at each call", inputs,
-                     expected_lengths(len(prompt), max_new_tokens), spy.lengths, hint)
-        if expected_cache is not None:
-            expect_equal(f"{name}: a cache passed to each call", inputs, expected_cache(max_new_tokens),
-                         spy.with_cache, "every call after the prefill must pass the `cache` the previous call "
-                         "returned: without it the model sees only the newest token")
-        expect_equal(
-            f"{name} tokens",
-            inputs,
-            expected,
-            got,
-            "return ONLY the new token ids (a list, not the prompt), each the argmax of the last position's logits",
-        )
+        got = list(got) if isinstance(got, tuple) else got
+        _check_calls(name, cached, inputs, _expected_calls(cached, len(prompt), max_new_tokens), recorder.calls)
+        _check_tokens(name, cached, inputs, expected, got)
     return len(cases)
 
 
 def check_generate_naive(generate_naive: Callable, seeds: Iterable[int] = range(6)) -> None:
-    num_cases = _check_loop(
-        "generate_naive",
-        generate_naive,
-        seeds,
-        lambda prompt_len, n: [prompt_len + step for step in range(n)],
-        "without a cache every step runs the model on the WHOLE sequence so far (prompt + new tokens)",
-    )
-    passed("check_generate_naive", num_cases)
+    """The tokens of transformers' greedy `generate`, and at call k the whole sequence (prompt + k tokens)
+    with no cache; a failure names the prompt and the first call or token (step) that differs."""
+    passed("check_generate_naive", _check_loop("generate_naive", generate_naive, seeds, cached=False))
 
 
 def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterable[int] = range(6)) -> None:
-    num_cases = _check_loop(
-        "generate_with_kv_cache",
-        generate_with_kv_cache,
-        seeds,
-        lambda prompt_len, n: [prompt_len] + [1] * (n - 1),
-        "prefill the prompt once, then feed ONLY the newest token with the returned `cache` (one call per token)",
-        expected_cache=lambda n: [False] + [True] * (n - 1),
-    )
-    passed("check_generate_with_kv_cache", num_cases)
+    """The same tokens, with the prompt fed once (no cache) then one token per call with the returned cache;
+    a failure names the prompt and the first call or token (step) that differs."""
+    passed("check_generate_with_kv_cache",
+           _check_loop("generate_with_kv_cache", generate_with_kv_cache, seeds, cached=True))
 
 
 PHASE = Phase("00_autoregressive_loop", (
     Exercise("kv_bytes_per_block", check_kv_bytes_per_block, points=2, grade_id="test-kv-bytes"),
-    Exercise("generate_naive", check_generate_naive, points=3, grade_id="test-generate-naive"),
-    Exercise("generate_with_kv_cache", check_generate_with_kv_cache, points=3, grade_id="test-generate-with-kv-cache"),
+    Exercise("generate_naive", check_generate_naive, points=2, grade_id="test-generate-naive"),
+    Exercise("generate_with_kv_cache", check_generate_with_kv_cache, points=4, grade_id="test-generate-with-kv-cache"),
 ))

@@ -11,6 +11,12 @@ mini.attention.triton_utils before Triton is imported): the interpreter costs mi
 loop iteration, so every case is tiny. Without Triton (macOS, Windows, or not installed) the kernel checks
 fail with KERNEL_LABS_MESSAGE (`pytest labs/` skips them instead).
 
+Feedback locates the bug: the store checks name the first wrong slot (block, offset, the token that had to
+write it, which side holds what); the decode checks name the first wrong (token, query head), the program
+(request, KV head) that computes it, the positions and blocks it had to read and, under the interpreter, the
+ones it did read (a rerun with tl.load hooked), with a hint picked from the pattern of wrong outputs
+(ragged last tile, rescaling across tiles, GQA rows, softmax scale, padding rows).
+
 The first case of each check is the phase's worked example: block_size 4, three requests with 5, 9 and
 20 tokens in scattered blocks, 2 KV heads, 2 query heads per KV head, head_size 16.
 
@@ -30,7 +36,7 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import NotImplementedYet, calling, expect_equal, passed
+from labs.checks.common import NotImplementedYet, calling, expect_equal, first_difference, passed
 from labs.manifest import Exercise, Phase
 from labs.views import kernel_access
 from mini.attention import reference, triton_utils
@@ -124,10 +130,22 @@ def check_online_softmax_update(online_softmax_update: Callable, seeds: Iterable
                 raise AssertionError(f"online_softmax_update must return (new_max, new_sum, new_acc), three "
                                      f"tensors; got {type(got).__name__}\n  inputs: {inputs}")
             for what, expected, value in zip(("new_max", "new_sum", "new_acc"), state, got):
-                expect_equal(f"online_softmax_update(...) {what}", inputs, expected.tolist(), value.tolist(),
-                             "new_max = max(old max, tile max); rescale the old sum and acc by exp(old max - "
-                             "new max), then add exp(scores - new max) (and its product with values); a row "
-                             "whose scores are all -inf so far keeps max -inf, sum 0, acc 0 (no nan)",
+                nan_rows = torch.isnan(value.reshape(value.shape[0], -1)).any(1) if value.dim() else value.isnan()
+                if torch.isnan(value).any() and not torch.isneginf(state[0][nan_rows]).any():
+                    hint = ("nan in a row that has real scores: the old sum and acc are rescaled by a factor that "
+                            "must be 0 on the first tile (old max -inf) and <= 1 afterwards; inf * 0 is nan")
+                elif torch.isnan(value).any():
+                    hint = ("nan: a row whose scores are all -inf so far (masked) has max -inf, and exp(-inf - (-inf)) "
+                            "is nan; such a row must keep max -inf, sum 0 and acc 0")
+                elif what == "new_max":
+                    hint = "the running max is the largest score seen so far: the old max or this tile's"
+                else:
+                    hint = ("what was summed under the old max must be rescaled to the new max (a factor "
+                            "exp(old max - new max) <= 1) before this tile's exp(scores - new max) terms are added")
+                tile_index = start // tile
+                expect_equal(f"online_softmax_update(...) {what} after tile {tile_index} (score columns "
+                             f"{start}..{min(start + tile, scores.shape[1]) - 1})", inputs, expected.tolist(),
+                             value.tolist(), hint,
                              equal=lambda a, b: torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5,
                                                                atol=1e-5))
             mine = tuple(got)
@@ -223,23 +241,77 @@ def _describe(case: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- exercises 2 and 3: store_kv
 
 
+def _store_difference(batch: dict[str, Any], before: torch.Tensor, expected: torch.Tensor) -> tuple[str, str] | None:
+    """None when the cache is right; else (where: the first wrong slot located, hint: the concept it breaks)."""
+    cache = batch["kv_cache"]
+    _, _, block_size, num_kv_heads, head_size = cache.shape
+    wrong = (cache != expected).reshape(2, -1, num_kv_heads * head_size)  # [side, slot, values]
+    wrong_slots = wrong.any(-1).any(0).nonzero().flatten().tolist()
+    if not wrong_slots:
+        return None
+    slot_mapping = batch["metadata"].slot_mapping.tolist()
+    writers = {s: t for t, s in enumerate(slot_mapping) if s >= 0}
+    slot = wrong_slots[0]
+    sides = [name for side, name in enumerate(("keys (kv_cache[0])", "values (kv_cache[1])"))
+             if wrong[side, slot].any()]
+    heads = sorted({i // head_size for i in wrong[:, slot].any(0).nonzero().flatten().tolist()})
+    block, offset = divmod(slot, block_size)
+    who = (f"token {writers[slot]} (slot_mapping[{writers[slot]}] = {slot}) had to write it" if slot in writers
+           else "no token maps to it: it had to stay unchanged")
+    where = (f"first wrong slot: {slot} = block {block}, offset {offset} ({who}); wrong in {' and '.join(sides)}, "
+             f"KV heads {heads}; {len(wrong_slots)} slot(s) wrong in all: {wrong_slots[:8]}")
+    found = []  # what each side of the slot holds now, when it is something recognizable
+    if slot in writers:
+        token = writers[slot]
+        for side, name in enumerate(("kv_cache[0] (keys)", "kv_cache[1] (values)")):
+            now = cache[side, block, offset].reshape(-1)
+            for what, tensor in (("the token's key", batch["key"]), ("the token's value", batch["value"])):
+                if torch.equal(now, tensor[token].to(cache.dtype).reshape(-1)) and not torch.equal(
+                        now, expected[side, block, offset].reshape(-1)):
+                    found.append(f"{name} holds {what}")
+            if torch.equal(now, before[side, block, offset].reshape(-1)) and wrong[side, slot].any():
+                found.append(f"{name} was never written")
+    if found:
+        where += "; at that slot " + ", ".join(found)
+    if any("holds" in f for f in found):
+        hint = ("keys go to kv_cache[0] and values to kv_cache[1]: the two sides of the cache are stride_cache_kv "
+                "elements apart")
+    elif slot not in writers:
+        hint = ("a write landed in a slot no token owns: slot s is block s // block_size, offset s % block_size "
+                "(addressed with stride_cache_block and stride_cache_slot)")
+    elif len(heads) < num_kv_heads or not wrong[:, slot].any(0).all():
+        hint = ("part of the token's [num_kv_heads, head_size] tile is wrong: the offsets head * stride_head + dim "
+                "and the mask head < num_kv_heads & dim < head_size")
+    elif len(sides) == 1:
+        hint = ("keys go to kv_cache[0] and values to kv_cache[1]: the two sides are stride_cache_kv apart; "
+                "the other side of this slot is right")
+    else:
+        hint = ("this token's key and value did not reach its slot: slot s is block s // block_size, offset "
+                "s % block_size; slot -1 is padding and stores nothing")
+    return where, hint
+
+
 def _check_store(name: str, run: Callable[[dict[str, Any]], None], seeds: Iterable[int]) -> None:
     """`name` is the learner's function or kernel; check_<name without a leading _> is the check."""
     __tracebackhide__ = True
     cases = _kernel_cases(seeds)
     for case in cases:
         batch = make_batch(**case)
+        before = batch["kv_cache"].clone()
         expected = batch["kv_cache"].clone()
         reference.store_kv(batch["key"], batch["value"], expected, batch["metadata"].slot_mapping)
-        inputs = {**_describe(case), "slot_mapping": batch["metadata"].slot_mapping.tolist()}
+        inputs = {**_describe(case), "slot_mapping": batch["metadata"].slot_mapping.tolist(),
+                  "kv_cache": f"[2, {batch['kv_cache'].shape[1]} blocks, block_size, num_kv_heads, head_size]"}
         with _calling_kernel(name, inputs):
             run(batch)
         _expect_no_write_outside(name, batch, inputs)
-        written = (batch["kv_cache"] != expected).reshape(2, -1, batch["kv_cache"][0, 0].numel()).any(-1).any(0)
-        wrong_slots = written.nonzero().flatten().tolist()
-        expect_equal(f"{name}: slots that differ from the reference after the write", inputs, [], wrong_slots,
-                     "token t goes to block slot // block_size, offset slot % block_size, keys in "
-                     "kv_cache[0] and values in kv_cache[1]; slot -1 is padding: store nothing")
+        found = _store_difference(batch, before, expected)
+        if found is not None:
+            where, hint = found
+            lines = [f"{name}: the cache differs from the reference after the write", "  inputs:"]
+            lines += [f"    {key} = {value}" for key, value in inputs.items()]
+            lines += [f"  {where}", f"  hint: {hint}"]
+            raise AssertionError("\n".join(lines))
     passed(f"check_{name.lstrip('_')}", len(cases))
 
 
@@ -271,6 +343,83 @@ def check_store_kv(store_kv: Callable, seeds: Iterable[int] = range(6)) -> None:
 
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
+DECODE_TILE_N = 16  # the TILE_N that mini's paged_decode (and the exercise's launcher) passes
+
+
+def _record_reads(run: Callable[[dict[str, Any]], Any], case: dict[str, Any]) -> dict[tuple[int, int], set] | None:
+    """Rerun `run` on a fresh copy of the case under the interpreter, hooking tl.load: program (grid id 0, 1) ->
+    the cache entries (side, block, offset, kv head) it loaded (masked-in lanes). None on a GPU or on error."""
+    if not triton_utils.use_interpreter():
+        return None
+    batch = make_batch(**case)
+    cache = batch["kv_cache"]
+    base, item, end = cache.data_ptr(), cache.element_size(), cache.data_ptr() + cache.numel() * cache.element_size()
+    strides = cache.stride()
+    reads: dict[tuple[int, int], set] = {}
+
+    def on_load(grid_idx: Any, addresses: Any, mask: Any) -> None:
+        addresses, mask = addresses.reshape(-1), mask.reshape(-1)
+        inside = mask & (addresses >= base) & (addresses < end)
+        for address in addresses[inside].tolist():
+            element = (address - base) // item
+            side, element = divmod(element, strides[0])
+            block, element = divmod(element, strides[1])
+            offset, element = divmod(element, strides[2])
+            head, _ = divmod(element, strides[3])
+            reads.setdefault((int(grid_idx[0]), int(grid_idx[1])), set()).add((side, block, offset, head))
+
+    try:
+        with kernel_access._recording_loads(on_load):
+            run(batch)
+    except Exception:  # noqa: BLE001 -- the failure itself was already reported by the first run; this is only a diagnosis
+        return None
+    return reads
+
+
+def _reads_line(reads: set, block_table: list[int], block_size: int) -> str:
+    """Cache entries read, as 'position p (block b, offset o)' where the block is in the request's table."""
+    shown = []
+    for side, block, offset, head in sorted(reads, key=lambda r: (r[3], r[0], r[1], r[2]))[:6]:
+        position = (f"position {block_table.index(block) * block_size + offset}" if block in block_table
+                    else "a block NOT in its table")
+        shown.append(f"{'value' if side else 'key'} {position} (block {block}, offset {offset}, KV head {head})")
+    return "; ".join(shown) + (f"; ... {len(reads)} in all" if len(reads) > 6 else "")
+
+
+def _decode_hint(case: dict[str, Any], batch: dict[str, Any], expected: torch.Tensor, got: torch.Tensor,
+                 bad: list[list[int]], reads_wrong: bool | None, no_scale: torch.Tensor) -> str:
+    """The concept the failing outputs point at (the diagnosis uses the pattern of wrong (token, head) pairs)."""
+    seq_lens = case["seq_lens"]
+    tile_n = DECODE_TILE_N
+    bad_rows = sorted({row for row, _, _ in bad})
+    bad_heads = sorted({head for _, head, _ in bad})
+    group = case["group_size"]
+    if torch.isnan(got.double().cpu()).any():
+        return ("the output has nan: exp(-inf - (-inf)) or 0 / 0 somewhere; masked positions get score -inf, and "
+                "the running max/sum must start at -inf and 0")
+    if any(row >= len(seq_lens) for row in bad_rows):
+        return "rows past the last request are padding tokens: no program writes them, they stay zero"
+    if reads_wrong:
+        return ("the program read the wrong cache entries (above): position p of request r lives in block "
+                "block_table[r, p // block_size] at offset p % block_size, KV head h, keys in kv_cache[0] and "
+                "values stride_cache_kv further; lanes past seq_len are masked")
+    if torch.allclose(got.double().cpu(), no_scale.double().cpu(), atol=1e-4, rtol=1e-3):
+        return "these are the outputs of softmax(q . k) without the softmax scale (head_size ** -0.5)"
+    if all(not got[row, head].abs().any() for row, head, _ in bad):
+        return (f"these output rows were never written: program (r, h) must store all {group} query heads "
+                f"h * {group} + g of its group (a GROUP_PAD >= {group} tile, masked to g < {group})")
+    if all(seq_lens[row] > tile_n for row in bad_rows) and any(s <= tile_n for s in seq_lens):
+        return (f"requests within one tile ({tile_n} positions) are right, longer ones wrong: across tiles the "
+                "running sum and acc must be rescaled by exp(old max - new max) (exercise 1's update)")
+    if all(seq_lens[row] % tile_n for row in bad_rows):
+        return (f"every wrong request ends inside a tile ({tile_n} positions): the lanes past seq_len in the last "
+                "tile must get score -inf (masked) before the max and the exp")
+    if group > 1 and len({(r, h) for r, h, _ in bad}) > 1 and all(head % group == bad_heads[0] % group for head in bad_heads) and len(bad_heads) < len(
+            expected[0]):
+        return (f"only query heads with the same index in their group are wrong: program (r, h) serves query heads "
+                f"h * {group} + g for g in 0..{group - 1} (GQA), each with its own query row and output row")
+    return ("program (request, kv_head) must read positions 0..seq_len-1 of ITS request through the block table, "
+            "for every query head kv_head * group + g, and fold each tile into the online-softmax state")
 
 
 def _check_decode(name: str, run: Callable[[dict[str, Any]], Any], seeds: Iterable[int]) -> None:
@@ -290,16 +439,49 @@ def _check_decode(name: str, run: Callable[[dict[str, Any]], Any], seeds: Iterab
                                  f"{expected.dtype}; got {shape}\n  inputs: {inputs}")
         tolerance = TOLERANCE[case.get("dtype", torch.float32)]
         error = (got.double().cpu() - expected.double().cpu()).abs()
-        bad = (error > tolerance + tolerance * expected.double().cpu().abs()).nonzero().tolist()
-        if bad:
-            row, head, _ = bad[0]
-            expect_equal(f"{name}: output of token {row}, query head {head}", inputs,
-                         [round(x, 5) for x in expected[row, head].tolist()],
-                         [round(x, 5) for x in got[row, head].tolist()],
-                         f"{len(bad)} values off by more than {tolerance}. Program (request, kv_head) must read "
-                         "positions 0..seq_len-1 of ITS request through the block table, for every query head "
-                         "kv_head * group + g; rows of padding tokens stay zero")
+        bad = (~(error <= tolerance + tolerance * expected.double().cpu().abs())).nonzero().tolist()
+        if not bad:
+            continue
+        row, head, _ = bad[0]
+        group, block_size = case["group_size"], case["block_size"]
+        kv_head = head // group
+        lines = [(f"{name}: output of token {row}, query head {head} is wrong (the first of {len(bad)} values "
+                  f"off by more than {tolerance}, in (token, head) pairs {sorted({(r, h) for r, h, _ in bad})[:8]})"),
+                 "  inputs:"]
+        lines += [f"    {key} = {_short_value(value)}" for key, value in inputs.items()]
+        reads_wrong = None
+        if row < len(case["seq_lens"]):
+            seq_len = case["seq_lens"][row]
+            table = batch["block_ids"][row]
+            lines.append(f"  program (request {row}, kv_head {kv_head}) serves query heads "
+                         f"{kv_head * group}..{kv_head * group + group - 1}; seq_len {seq_len}: it must read "
+                         f"positions 0..{seq_len - 1} in blocks {table} (block_table row {row})")
+            reads = _record_reads(run, case)
+            if reads is not None:
+                must = {(side, table[p // block_size], p % block_size, kv_head)
+                        for p in range(seq_len) for side in (0, 1)}
+                mine = reads.get((row, kv_head), set())
+                reads_wrong = mine != must
+                if reads_wrong:
+                    if must - mine:
+                        lines.append(f"  it did NOT read: {_reads_line(must - mine, table, block_size)}")
+                    if mine - must:
+                        lines.append(f"  it read instead: {_reads_line(mine - must, table, block_size)}")
+                else:
+                    lines.append("  it read exactly those keys and values: the bug is in the arithmetic")
+        else:
+            lines.append(f"  token {row} is a padding row (there are {len(case['seq_lens'])} requests)")
+        lines.append("  " + first_difference(expected[row, head].cpu().tolist(), got[row, head].cpu().tolist(),
+                                             axis_names=("dim",), atol=tolerance, rtol=tolerance).replace("\n", "\n  "))
+        no_scale = reference.paged_attention(batch["query"], batch["kv_cache"], metadata, 1.0)
+        lines.append("  hint: " + _decode_hint(case, batch, expected, got, bad, reads_wrong, no_scale))
+        raise AssertionError("\n".join(lines))
     passed(f"check_{name.lstrip('_')}", len(cases))
+
+
+def _short_value(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
 
 
 def check_paged_decode_kernel(_paged_decode_kernel: Any, seeds: Iterable[int] = range(6)) -> None:
@@ -374,6 +556,6 @@ PHASE = Phase("07_attention_kernel", (
     Exercise("online_softmax_update", check_online_softmax_update, points=2, grade_id="test-online-softmax"),
     Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel", part="_store_kv_kernel", needs_triton=True),
     Exercise("store_kv", check_store_kv, points=1, grade_id="test-store-kv", part="triton_store_kv", needs_triton=True),
-    Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=4, grade_id="test-decode-kernel", part="_paged_decode_kernel", needs_triton=True),
+    Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=5, grade_id="test-decode-kernel", part="_paged_decode_kernel", needs_triton=True),
     Exercise("paged_decode", check_paged_decode, points=1, grade_id="test-paged-decode", part="paged_decode", needs_triton=True),
 ))

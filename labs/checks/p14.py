@@ -30,6 +30,7 @@ FIXED_DIVERGENCES = [
     ([[5, 6, 7], [8, 9]], [[5, 1, 7], [2, 9]]),           # two differences: the first prompt's counts
     ([[5, 6, 7]], [[5, 6]]),                               # got stopped early: where the shorter one ends
     ([[5, 6]], [[5, 6, 7]]),                               # got ran on
+    ([[5, 6, 7, 8]], [[5, 9]]),                            # lengths differ, but a token differs first
     ([[], [3]], [[], [4]]),                                # an empty output is equal to an empty output
     ([], []),                                              # no prompts at all
 ]
@@ -53,6 +54,35 @@ def _divergence_cases(rng: random.Random) -> list[tuple[list[list[int]], list[li
     return cases
 
 
+FIRST_DIVERGENCE_RULE = ("None when every prompt's tokens are equal; else (prompt index, token position) of the first "
+                         "difference, prompts in order; when one sequence is a prefix of the other, the position is "
+                         "the length of the shorter one")
+
+
+def _divergence_hint(expected_tokens: list[list[int]], got_tokens: list[list[int]], answer: Any, result: Any) -> str:
+    """The rule the failing case exercises, named (never the answer)."""
+    if answer is None:
+        return ("the two runs are identical, prompt by prompt (an empty output equals an empty output): "
+                "return None. " + FIRST_DIVERGENCE_RULE)
+    index, position = answer
+    want, have = expected_tokens[index], got_tokens[index]
+    prefix_case = position == min(len(want), len(have)) and len(want) != len(have)
+    if result is None:
+        if prefix_case:
+            return (f"prompt {index}: one run stopped earlier, so a prefix is NOT equal: the position is the length "
+                    f"of the shorter one. " + FIRST_DIVERGENCE_RULE)
+        return f"prompt {index} differs at a token: look at every prompt, token by token. " + FIRST_DIVERGENCE_RULE
+    if isinstance(result, (tuple, list)) and tuple(result) == (position, index) and index != position:
+        return "the order of the pair: (prompt index, token position). " + FIRST_DIVERGENCE_RULE
+    if isinstance(result, (tuple, list)) and len(result) == 2 and result[0] != index:
+        return (f"the FIRST prompt that differs is prompt {index}: scan the prompts in order and stop at the first "
+                f"difference. " + FIRST_DIVERGENCE_RULE)
+    if prefix_case:
+        return (f"prompt {index}: one sequence is a prefix of the other (lengths {len(want)} and {len(have)}): "
+                f"the position is the length of the shorter one. " + FIRST_DIVERGENCE_RULE)
+    return f"prompt {index}: the first token position where the two lists differ. " + FIRST_DIVERGENCE_RULE
+
+
 def check_first_divergence(first_divergence_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = list(FIXED_DIVERGENCES)
     for seed in seeds:
@@ -61,12 +91,14 @@ def check_first_divergence(first_divergence_fn: Callable, seeds: Iterable[int] =
         inputs = {"expected": expected_tokens, "got": got_tokens}
         answer = first_divergence(expected_tokens, got_tokens)
         arguments = copy.deepcopy((expected_tokens, got_tokens))
-        with calling("first_divergence", inputs, expected=answer):
+        with calling("first_divergence", inputs, expected=answer, hint=FIRST_DIVERGENCE_RULE):
             result = first_divergence_fn(*arguments)
+        if result != answer and answer is not None:
+            index = answer[0]
+            inputs[f"prompt {index} (where they part)"] = (
+                f"expected {expected_tokens[index]}, got {got_tokens[index]}")
         expect_equal("first_divergence(expected, got)", inputs, answer, result,
-                     "None when every prompt's tokens are equal; else (prompt index, token position) of the first "
-                     "difference, prompts in order; when one sequence is a prefix of the other, the position is "
-                     "the length of the shorter one")
+                     _divergence_hint(expected_tokens, got_tokens, answer, result))
         expect_equal("the arguments after the call", inputs, [expected_tokens, got_tokens], list(arguments),
                      "only read the two runs' outputs, do not change them")
     passed("check_first_divergence", len(cases))
@@ -101,14 +133,33 @@ def _max_calls(num_components: int) -> int:
     return 1 + math.ceil(math.log2(num_components)) if num_components > 1 else 1
 
 
+def _bisect_hint(components: list[str], oracle: _Oracle, result: Any) -> str:
+    """The rule the failing case exercises, named (never the answer)."""
+    whole = "first ask about the whole set: is_exact(components) True means nothing breaks (return None)"
+    halve = ("keep the half that is still not exact: when is_exact(half) is False the culprit is in that half, "
+             "else it is in the other one")
+    if oracle.broken is None:
+        return f"the whole set is exact here. {whole}; {halve}"
+    if result is None:
+        return f"is_exact(components) is False here, so one of them breaks: find it. {whole}; {halve}"
+    if result not in components:
+        return f"return one of `components` (you returned {result!r}). {halve}"
+    return f"{halve}; {whole}"
+
+
 def _judge_bisect(candidate: Callable, components: list[str], oracle: _Oracle, label: str) -> None:
-    inputs = {"components": components, "broken": oracle.broken if oracle.broken else "none of them"}
+    inputs: dict[str, Any] = {"components": components,
+                              "broken": oracle.broken if oracle.broken else "none of them"}
     if label:
         inputs["engine"] = label
-    with calling("find_breaking_component", inputs, expected=oracle.broken):
+    with calling("find_breaking_component", inputs, expected=oracle.broken,
+                 hint="ask is_exact only about sub-lists of components; each call runs the engine"):
         result = candidate(list(components), oracle)
+    if result != oracle.broken:
+        inputs["your calls"] = [f"is_exact({subset}) -> {'exact' if oracle.broken not in subset else 'NOT exact'}"
+                                for subset in oracle.calls] or "none"
     expect_equal("find_breaking_component(components, is_exact)", inputs, oracle.broken, result,
-                 "first ask about the whole set (exact: return None); then keep the half that is still not exact")
+                 _bisect_hint(components, oracle, result))
     budget = _max_calls(len(components))
     if len(oracle.calls) > budget:
         raise AssertionError(counterexample(
@@ -201,21 +252,59 @@ def _describe(card: list[CheckResult]) -> list[tuple[str, int, str]]:
     return [(r.phase, r.points, r.outcome) for r in card]
 
 
+PHASE_SCORES_RULE = ("{phase: (earned, possible)} with phases in order of first appearance; passed earns its "
+                     "points, other outcomes 0; skipped counts toward neither (a phase of skips is (0, 0))")
+
+
+def _scores_hint(card: list[CheckResult], expected: dict, got: Any) -> tuple[str, str | None]:
+    """(the rule the failing case exercises, the first phase whose score differs, with its results)."""
+    if not isinstance(got, dict):
+        return f"return a dict, not a {type(got).__name__}. " + PHASE_SCORES_RULE, None
+    if set(got) != set(expected):
+        missing = [phase for phase in expected if phase not in got]
+        extra = [phase for phase in got if phase not in expected]
+        where = (f"missing phases {missing}" if missing else "") + (f" unexpected phases {extra}" if extra else "")
+        if missing and all(expected[phase] == (0, 0) for phase in missing):
+            return ("every phase that appears gets an entry, even one whose results are all skipped: (0, 0). "
+                    + PHASE_SCORES_RULE), where.strip()
+        return PHASE_SCORES_RULE, where.strip()
+    for phase, score in expected.items():
+        have = tuple(got[phase]) if isinstance(got[phase], (list, tuple)) else got[phase]
+        if have == score:
+            continue
+        rows = [(r.exercise, r.points, r.outcome) for r in card if r.phase == phase]
+        where = f"phase {phase!r}: expected {score}, got {have}; its results (exercise, points, outcome): {rows}"
+        if not isinstance(have, tuple) or len(have) != 2:
+            return "each score is a pair (earned, possible). " + PHASE_SCORES_RULE, where
+        if have[1] != score[1] and any(r[2] == "skipped" for r in rows):
+            return ("possible points: skipped counts toward neither (it is not held against you). "
+                    + PHASE_SCORES_RULE), where
+        if have[0] != score[0]:
+            return "earned points: passed earns its points, other outcomes 0. " + PHASE_SCORES_RULE, where
+        return "possible points: every outcome but skipped counts. " + PHASE_SCORES_RULE, where
+    return ("the phases' order: dicts keep insertion order, and the card wants phases in order of first "
+            "appearance. " + PHASE_SCORES_RULE), f"expected order {list(expected)}, got {list(got)}"
+
+
 def check_phase_scores(phase_scores_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
     cards = [EXAMPLE_CARD]
     for seed in seeds:
         cards += _card_cases(random.Random(seed))
     for card in cards:
         inputs: dict[str, Any] = {"results (phase, points, outcome)": _describe(card)}
-        expected = list(phase_scores(card).items())
-        with calling("phase_scores", inputs, expected=dict(expected)):
+        expected_dict = phase_scores(card)
+        expected = list(expected_dict.items())
+        with calling("phase_scores", inputs, expected=expected_dict, hint=PHASE_SCORES_RULE):
             got = phase_scores_fn(list(card))
         got_items = list(got.items()) if isinstance(got, dict) else got
-        got_items = [(phase, tuple(score)) if isinstance(score, list) else (phase, score)
-                     for phase, score in got_items]
-        expect_equal("phase_scores(results), in order", inputs, expected, got_items,
-                     "{phase: (earned, possible)} with phases in order of first appearance; passed earns its "
-                     "points, other outcomes 0; skipped counts toward neither (a phase of skips is (0, 0))")
+        if isinstance(got_items, list):
+            got_items = [(item[0], tuple(item[1])) if isinstance(item, tuple) and len(item) == 2
+                         and isinstance(item[1], list) else item for item in got_items]
+        if got_items != expected:
+            hint, where = _scores_hint(card, expected_dict, got)
+            if where:
+                inputs["where they differ"] = where
+            expect_equal("phase_scores(results), in order", inputs, expected, got_items, hint)
     passed("check_phase_scores", len(cards))
 
 

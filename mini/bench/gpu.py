@@ -169,7 +169,8 @@ def _time_mix(name, mix, num_heads, num_kv_heads, head_size, block_size) -> dict
     if is_decode:
         variants = [(f"split tile {tile} warps {warps}", (tile, warps)) for tile, warps in DECODE_VARIANTS]
         variants.append(("single pass", "single"))
-    default_tile, default_warps = triton_paged.SPLIT_DECODE_TILE_N[torch.bfloat16], triton_paged.SPLIT_DECODE_NUM_WARPS
+    default_tile = triton_paged.SPLIT_DECODE_TILE_N[torch.bfloat16]
+    default_warps = triton_paged.SPLIT_DECODE_NUM_WARPS
     result["variants"] = {}
     try:
         for label, variant in variants:
@@ -188,11 +189,12 @@ def _time_mix(name, mix, num_heads, num_kv_heads, head_size, block_size) -> dict
             t_triton, _ = gpu_time(triton_call)
             result["variants"][label] = {"us": t_triton * 1e6, "max_abs_error_vs_reference": max_error}
     finally:
-        triton_paged.SPLIT_DECODE_TILE_N[torch.bfloat16], triton_paged.SPLIT_DECODE_NUM_WARPS = default_tile, default_warps
+        triton_paged.SPLIT_DECODE_TILE_N[torch.bfloat16] = default_tile
+        triton_paged.SPLIT_DECODE_NUM_WARPS = default_warps
     first = result["variants"][variants[0][0]]
     t_triton, max_error = first["us"] / 1e6, first["max_abs_error_vs_reference"]
-    result.update(triton_us=t_triton * 1e6, triton_over_sdpa=t_triton / t_sdpa, triton_kv_gb_s=kv_bytes / t_triton / 1e9,
-                  max_abs_error_vs_reference=max_error)
+    result.update(triton_us=t_triton * 1e6, triton_over_sdpa=t_triton / t_sdpa,
+                  triton_kv_gb_s=kv_bytes / t_triton / 1e9, max_abs_error_vs_reference=max_error)
     others = "  ".join(f"{label} {v['us']:.1f}" for label, v in list(result["variants"].items())[1:])
     print(f"  {name:30s} triton {t_triton * 1e6:8.1f} us  sdpa {t_sdpa * 1e6:8.1f} us  ratio {t_triton / t_sdpa:5.2f}  "
           f"err {max_error:.1e}  {others}", flush=True)
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     report["kernels"] = time_kernels()
     model = random_weights_copy(args.model) if args.random_weights else args.model
     report["model"] = f"{args.model} (random weights: {model})" if args.random_weights else args.model
-    print(f"3/3 engine vs transformers on {report['model']} (bf16), with and without CUDA graphs, then torch.compile ...", flush=True)
+    print(f"3/3 engine vs transformers on {report['model']} (bf16), with and without CUDA graphs, "
+          "then torch.compile ...", flush=True)
     report["engine"] = {}
     runs = [("cuda graphs", [], ""), ("enforce_eager", ["--enforce-eager"], "")]
     if not args.skip_compile:  # vLLM compiles by default; mini measures it (mini/compilation.py)
