@@ -215,13 +215,7 @@ class InprocEngineCore:
         engine = self.engine
         if not engine.scheduler.has_unfinished_requests():
             return []
-        scheduler_output = engine.scheduler.schedule()
-        grammar_output = engine.structured_output_manager.grammar_bitmask(engine.scheduler.requests,
-                                                                          scheduler_output)
-        runner_output = engine.model_runner.execute_model(scheduler_output, grammar_output)
-        if scheduler_output.total_num_scheduled_tokens == 0:
-            engine.structured_output_manager.wait_for_compilation(timeout=0.01)
-        return engine.scheduler.update_from_output(scheduler_output, runner_output)
+        return engine.execute_scheduled(engine.scheduler.schedule())[1]
 
     async def get_output_async(self) -> list[Any]:
         await asyncio.sleep(0)   # let the consumers run between two steps

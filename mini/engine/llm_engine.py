@@ -34,7 +34,7 @@ from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
-from mini.engine import EngineCoreRequest
+from mini.engine import EngineCoreOutput, EngineCoreRequest
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.parallel_sampling import ParentRequest
@@ -45,6 +45,7 @@ from mini.model.llama import DecoderConfig
 from mini.model.loader import load_model
 from mini.outputs import RequestOutput
 from mini.roles import Choices, choose
+from mini.runner_outputs import ModelRunnerOutput
 from mini.sampling_params import SamplingParams
 from mini.structured_output import GrammarOutput, StructuredOutputManager
 from mini.tokenizer import load_tokenizer
@@ -229,12 +230,7 @@ class LLMEngine:
             return outputs
         scheduler_output = self.scheduler.schedule()
         trace = self._new_trace(scheduler_output) if self._step_observers else None
-        # Structured output: the constrained rows' token bitmask, as vLLM's EngineCore.step.
-        grammar_output = self._grammar_output(scheduler_output, trace)
-        runner_output = self.model_runner.execute_model(scheduler_output, grammar_output, trace=trace)
-        if scheduler_output.total_num_scheduled_tokens == 0:  # structured output: only grammars left to wait for
-            self.structured_output_manager.wait_for_compilation(timeout=0.01)
-        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        runner_output, core_outputs = self.execute_scheduled(scheduler_output, trace)
         request_outputs, stopped_by_string = self.output_processor.process_outputs(core_outputs)
         if stopped_by_string:
             # A stop string is found by the detokenizer, after the scheduler already kept the request:
@@ -244,6 +240,17 @@ class LLMEngine:
         if trace is not None:
             self._notify_step_observers(trace, runner_output, outputs)
         return outputs
+
+    def execute_scheduled(self, scheduler_output: SchedulerOutput, trace: StepTrace | None = None
+                          ) -> tuple[ModelRunnerOutput, list[EngineCoreOutput]]:
+        """The rest of vLLM's `EngineCore.step` after `schedule()`: the grammar bitmask, the model, the
+        scheduler's update -> (the runner's output, the engine-core outputs of the requests that progressed)."""
+        # Structured output: the constrained rows' token bitmask, as vLLM's EngineCore.step.
+        grammar_output = self._grammar_output(scheduler_output, trace)
+        runner_output = self.model_runner.execute_model(scheduler_output, grammar_output, trace=trace)
+        if scheduler_output.total_num_scheduled_tokens == 0:  # structured output: only grammars left to wait for
+            self.structured_output_manager.wait_for_compilation(timeout=0.01)
+        return runner_output, self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def _grammar_output(self, scheduler_output: SchedulerOutput, trace: StepTrace | None) -> GrammarOutput | None:
         manager = self.structured_output_manager

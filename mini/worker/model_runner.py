@@ -191,7 +191,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ 2. inputs
     def _prepare_inputs(self, scheduler_output: SchedulerOutput
-                        ) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata]:
+                        ) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata, list[int]]:
         """Flat tensors for the rows of the batch, in row order, on the device (vLLM: `_prepare_inputs`).
 
         The block table is the persistent one (block_table.py): only new block ids are written each step.
@@ -214,12 +214,14 @@ class ModelRunner:
             inputs = batch_inputs.assemble_inputs(input_ids, computed, scheduled, block_table.get(len(states)),
                                                   self.block_size)
         inputs = inputs.to(self.device)
+        # Each row's sequence length, and the two maxima, from the host's lists: reading them from the device
+        # tensors (`.tolist()`, `int(t.max())`) would make the CPU wait for the GPU. vLLM keeps them on its
+        # CPU-side arrays too.
+        seq_lens = [start + count for start, count in zip(computed, scheduled)]
         if "build_attention_metadata" in self.replaced_parts:  # a course exercise's builder reads its own maxima
-            return inputs, self.build_attention_metadata(inputs)
-        # The two maxima from the host's lists: reading them from the device tensors (`int(t.max())`) would make
-        # the CPU wait for the GPU before every forward. vLLM takes them from its CPU-side arrays too.
-        return inputs, self.build_attention_metadata(
-            inputs, max_query_len=max(scheduled), max_seq_len=max(map(sum, zip(computed, scheduled))))
+            return inputs, self.build_attention_metadata(inputs), seq_lens
+        metadata = self.build_attention_metadata(inputs, max_query_len=max(scheduled), max_seq_len=max(seq_lens))
+        return inputs, metadata, seq_lens
 
     # ------------------------------------------------------------------ 3-5. the step
     @torch.inference_mode()
@@ -234,13 +236,11 @@ class ModelRunner:
                 state.spec_token_ids = list(scheduler_output.scheduled_spec_decode_tokens.get(state.req_id, ()))
         if not states or scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
-        inputs, metadata = self._prepare_inputs(scheduler_output)
+        inputs, metadata, seq_lens = self._prepare_inputs(scheduler_output)
         if trace is not None:
             trace.inputs = inputs
         hidden, logits = self._forward(inputs, metadata)
 
-        # (from the host: `inputs.seq_lens.tolist()` would wait for the forward before the sampler is set up)
-        seq_lens = [state.num_computed_tokens + scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
         # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards (as vLLM
         # rewinds the generators of the requests whose sample it discards).
         is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens)]
