@@ -14,6 +14,7 @@ object the learner defined in that notebook's answer cell, or an AssertionError 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,10 @@ import pytest
 from labs.course.answers import NotebookAnswers, load_answers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# The checks look inside the engines they build (phase 13's InprocEngineCore, views, plugged parts): their
+# engine cores run in this process, as in the notebooks' setup cells (mini/engine/core_client.py; phase 15).
+os.environ["MINI_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

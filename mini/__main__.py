@@ -15,7 +15,8 @@ import sys
 from mini.config import add_engine_arguments, cli_engine_args
 
 # The engine arguments `generate` takes, each generated from its EngineConfig field (mini/config.py).
-GENERATE_ENGINE_ARGS = ("speculative_config", "device", "dtype", "block_size", "attention_backend", "enforce_eager")
+GENERATE_ENGINE_ARGS = ("speculative_config", "device", "dtype", "block_size", "attention_backend", "enforce_eager",
+                        "tensor_parallel_size", "async_scheduling")
 BENCHMARKS = {
     "engine": "mini.bench.engine",
     "sampler": "mini.bench.sampler",
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "profile": "mini.bench.profile",
     "gpu": "mini.bench.gpu",
     "compile": "mini.bench.compile",
+    "distributed": "mini.bench.distributed",
 }
 
 
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
-                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|compile] [--help | options]` (engine by default)")
+                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|compile|distributed] [--help | options]` (engine by default)")
     return parser
 
 

@@ -24,6 +24,7 @@ import torch
 from mini.attention import ATTENTION_BACKEND_MODULES
 from mini.compilation import CompilationMode, parse_compilation_mode
 from mini.core.sched.request_queue import SchedulingPolicy
+from mini.engine.async_config import validate_async_scheduling
 from mini.model.registry import SHIPPED_MODEL_DIR, resolve_model_dir
 from mini.spec_decode.config import SpeculativeConfig
 
@@ -88,22 +89,40 @@ class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "'cpu' or 'cuda[:N]'"})
     dtype: str = field(default="float32", metadata={"help": "weights and activations", "choices": tuple(DTYPES)})
     seed: int = field(default=0, metadata={"help": "the engine's random seed"})
+    # Tensor parallelism (mini/executor/multiproc_executor.py, mini/model/parallel_linear.py): one worker process
+    # per rank, gloo on the CPU, NCCL on CUDA (rank r on cuda:r). The heads must divide: checked at start-up.
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "worker processes the model's layers are split over (tensor parallelism)"})
     logits_processors: list = field(default_factory=list, metadata={
         "help": "custom LogitsProcessor classes (Python only)", "cli": False})
+    # Data parallelism (mini/engine/dp_client.py): N engine cores behind one AsyncLLM front end (the server),
+    # each request routed to the least-loaded core (mini/engine/dp_routing.py). Offline `LLM` refuses N > 1.
+    data_parallel_size: int = field(default=1, metadata={
+        "help": "engine-core processes behind one server, requests routed to the least loaded (data parallelism)"})
     # Speculative decoding, as vLLM's `speculative_config` dict (mini/spec_decode/config.py); parsed into a
     # SpeculativeConfig here, so after construction it is a SpeculativeConfig or None.
     speculative_config: dict | SpeculativeConfig | None = field(default=None, metadata={
         "help": "speculative decoding, as vLLM's: JSON, e.g. '{\"method\": \"ngram\", "
                 "\"num_speculative_tokens\": 3}' (methods: ngram, draft_model, eagle)"})
+    # Async scheduling (mini/engine/batch_queue.py): step N+1 is scheduled while step N runs; vLLM's default is
+    # on, mini's off (mini/engine/async_config.py says why and what it refuses).
+    async_scheduling: bool = field(default=False, metadata={
+        "help": "schedule the next step while the model runs this one (vLLM's async scheduling)"})
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         if self.speculative_config is not None and self.logits_processors:
             raise ValueError("speculative_config cannot be combined with custom logits_processors: a processor "
                              "sees one position per row, while verification scores k + 1 positions at once")
+        validate_async_scheduling(self)
         self._check_positive_int("block_size", self.block_size)
         self._check_positive_int("max_num_seqs", self.max_num_seqs)
         self._check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        self._check_positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        self._check_positive_int("data_parallel_size", self.data_parallel_size)
+        if self.tensor_parallel_size > 1 and self.speculative_config is not None:
+            raise ValueError("speculative_config is not supported with tensor_parallel_size > 1 in mini "
+                             "(the drafters run unsharded in one process)")
         if self.max_model_len is not None:
             self._check_positive_int("max_model_len", self.max_model_len)
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:

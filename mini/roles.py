@@ -65,8 +65,9 @@ ROLES: tuple[Role, ...] = (
                                                    "build_attention_metadata",
                                                    "run_model"),
           "mini.worker.input_batch:InputBatch": ("condense",)}),
-    Role("model", "the decoder's own operators",
-         {"mini.model.llama:LlamaForCausalLM": ("rms_norm", "apply_rotary")}),
+    Role("model", "the decoder's own operators, and the classes of its layers that hold a tensor-parallel collective",
+         {"mini.model.llama:LlamaForCausalLM": ("rms_norm", "apply_rotary", "RowParallelLinear",
+                                                "VocabParallelEmbedding")}),
     Role("attention", "the attention backend: write K/V into the paged cache, attend over it",
          {"mini.attention.reference:ReferenceAttentionBackend": ("store_kv", "gather_kv", "paged_attention"),
           "mini.attention.triton_paged:TritonAttentionBackend": ("triton_store_kv", "paged_decode",
@@ -89,6 +90,8 @@ ROLES: tuple[Role, ...] = (
     Role("detokenizer", "token ids -> text, a few bytes at a time, and stop strings",
          {"mini.engine.detokenizer:OffsetIncrementalDetokenizer": ("detokenize_incrementally",
                                                                    "check_stop_strings")}),
+    Role("data_parallel", "which of N data-parallel engine cores takes a new request (least loaded)",
+         {"mini.engine.dp_routing:DPLoadBalancer": ("get_core_engine_for_request",)}),
 )
 
 _ROLE_OF_PART: dict[str, Role] = {part: role for role in ROLES for part in role.parts}

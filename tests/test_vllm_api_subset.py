@@ -63,6 +63,10 @@ DEFAULT_DIFFERS = {
     "EngineConfig.compilation_config": "vLLM's default CompilationConfig compiles (mode 3, VLLM_COMPILE, at -O2); "
                                         "mini's None is mode 0, eager: on a CPU compiling did not pay for itself "
                                         "(README, `python -m mini bench compile`)",
+    "EngineConfig.async_scheduling": "vLLM's None turns it on unless the config is incompatible; mini keeps it "
+                                     "off: on a CPU it saved nothing (README, `python -m mini bench distributed`) "
+                                     "and the course's views step one step at a time",
+    "serve.async_scheduling": "as EngineConfig.async_scheduling",
     "EngineConfig.logits_processors": "vLLM's None and mini's empty list both mean no custom processor",
     "serve.host": "vLLM's None listens on every interface; mini listens on 127.0.0.1 unless told otherwise",
     "serve.model": "vLLM's positional model_tag; mini's None is the shipped tiny model",

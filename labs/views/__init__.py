@@ -40,7 +40,12 @@ documented surface (mini/README.md, "Internal interfaces"), never by monkeypatch
   vllm/v1/sample/rejection_sampler.py); it also reads `trace.scheduler_output.scheduled_spec_decode_tokens`
   and `get_scheduler_stats().spec_decoding_stats`;
 - `serving_dashboard`: a live view of a serving engine (running / waiting requests, KV usage, tokens/s),
-  fed by the engine's stat loggers (vllm/v1/metrics/loggers.py).
+  fed by the engine's stat loggers (vllm/v1/metrics/loggers.py);
+- `message_timeline`: one request's messages across the front end, the engine core and the workers, step by
+  step, from the events mini's opt-in recorder wrote (mini/engine/message_trace.py; vllm/v1/engine/core.py,
+  core_client.py, vllm/v1/executor/multiproc_executor.py); it reads the recorded events only;
+- `sharding`: every tensor-parallel rank's slice of one Llama layer's weights and the collective after each,
+  from the model's config (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py).
 
 Every widget has a plain-text twin (`text_view`): `widget.text(step=None)` (a step-replay widget: the step its
 slider shows, or any step), which is also the widget's `text/plain` (what GitHub, nbconvert or a front end

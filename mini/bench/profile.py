@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # It reads the model runner (attention backend, timers): the engine core stays in this process.
+    os.environ["MINI_ENABLE_V1_MULTIPROCESSING"] = "0"
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

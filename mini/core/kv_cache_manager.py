@@ -177,6 +177,19 @@ class KVCacheManager:
                 self.num_cached_block[request.request_id] = num_full_blocks
         return new_blocks
 
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's full blocks among its first `num_tokens` tokens that are known and not cached yet
+        (vLLM: `KVCacheManager.cache_blocks`). Async scheduling calls it once a step's sampled token is known: at
+        allocation that token was still a placeholder, so its block could not be hashed then."""
+        if not self.enable_caching or request.request_id not in self.req_to_blocks:
+            return
+        num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
+        num_cached = self.num_cached_block.get(request.request_id, 0)
+        if num_full_blocks > num_cached:
+            self.block_pool.cache_full_blocks(self.req_to_blocks[request.request_id], self._block_hashes(request),
+                                              num_cached, num_full_blocks)
+            self.num_cached_block[request.request_id] = num_full_blocks
+
     def free(self, request: Request | str) -> None:
         """Release the request's blocks, last block first (vLLM: `SingleTypeKVCacheManager.free`). Idempotent."""
         request_id = request if isinstance(request, str) else request.request_id

@@ -58,6 +58,7 @@ class Request:
         "eos_token_id",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_output_placeholders",
         "num_preemptions",
         "output_token_ids",
         "priority",
@@ -104,6 +105,9 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Async scheduling (mini/core/sched/async_scheduler.py): tokens scheduled to be sampled by steps still
+        # in flight; `num_computed_tokens` already counts them as inputs of the next step (vLLM: the same name).
+        self.num_output_placeholders = 0
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None

@@ -1,12 +1,17 @@
-"""`AsyncLLM`: one engine loop running in the background, many callers streaming from it.
+"""`AsyncLLM`: one engine, many callers streaming from it; this file holds its in-process design.
 
 Mirrors vllm/v1/engine/async_llm.py (AsyncLLM.generate / abort / shutdown, the per-request
 `RequestOutputCollector` of vllm/v1/engine/output_processor.py) and the busy loop of
 vllm/v1/engine/core.py (EngineCoreProc.run_busy_loop).
 
-vLLM runs the engine core in a separate process: the frontend (tokenizing, the HTTP server, the
-output handler task) talks to it over ZMQ, so the model never blocks the event loop. mini keeps one
-process and runs the engine loop on **one background thread**, not an asyncio task: `LLMEngine.step()`
+Two designs behind one constructor (`AsyncLLM(config)` picks by `MINI_ENABLE_V1_MULTIPROCESSING`):
+  * multiprocess (the default): vLLM's own, in mini/engine/async_llm_mp.py (`MPAsyncLLM`): the front end
+    on the event loop, the core in a child process behind an `AsyncMPClient` (`DPAsyncMPClient` with
+    data parallelism), one output-handler task built from `output_handler_step` / `generate_stream` below.
+  * in process (`=0`, or `AsyncLLM(engine=an LLMEngine)`): this class, described next. vLLM has no such
+    mode for its AsyncLLM; mini keeps it because the course's views and tests look inside the engine.
+
+In process, the engine loop runs on **one background thread**, not an asyncio task: `LLMEngine.step()`
 is a blocking forward pass (tens of ms on a CPU); inside an asyncio task it would freeze the event
 loop, and with it every HTTP connection and every token stream, for the whole step. On its own
 thread it plays the part of vLLM's engine-core process; PyTorch releases the GIL inside its kernels,
@@ -27,6 +32,10 @@ server's task) aborts its request: the abort is queued at once and the engine th
 its next step, which frees the request's KV blocks. An exception while adding a request goes to that
 caller only; an exception inside `step()` cannot be pinned on one request of the batch, so every request
 in flight gets it (and is aborted, freeing its blocks) and the loop carries on with new requests.
+
+`AsyncLLM(engine=...)` with an engine whose core is a child process (`SyncMPClient`) also works: the thread
+then does the front end's work only and `step()` waits for the core's outputs; the child's death ends the
+loop with `EngineDeadError` for every caller.
 
 Statistics: after each step the loop hands `(SchedulerStats, IterationStats)` to each stat logger
 (vllm/v1/metrics/loggers.py): counters only (`LLMEngine.get_scheduler_stats()`, no block table is copied;
@@ -50,7 +59,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini.config import EngineConfig, engine_config_from_args
-from mini.core.request import Request, RequestStatus
+from mini.engine.core_client import multiprocessing_enabled
+from mini.engine.exceptions import EngineDeadError, EngineStepError
 from mini.engine.llm_engine import LLMEngine
 from mini.engine.output_processor import OutputProcessor
 from mini.metrics.stats import SchedulerStats
@@ -63,12 +73,7 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_S = 0.05
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (shut down, or the engine failed beyond repair)."""
-
-
-class EngineStepError(RuntimeError):
-    """`LLMEngine.step()` raised while this request was in flight; the request was aborted."""
+# EngineDeadError, EngineStepError: mini/engine/exceptions.py (vllm/v1/engine/exceptions.py), re-exported here.
 
 
 # ---------------------------------------------------------------------------- output collection
@@ -135,10 +140,11 @@ class RequestOutputCollector:
 # returns `EngineCoreOutput`s (token ids); the front end's `output_handler` task turns them into
 # `RequestOutput`s with the output processor, pushes each into its request's collector, and tells the core
 # to abort the requests a stop string finished (the core cannot see text). `generate()` aborts a request
-# whose consumer went away. mini's `AsyncLLM` above does the same work on its engine thread (`LLMEngine.step`
-# processes the outputs and finishes stop-string requests; `_step_once` routes them; `generate`'s `finally`
-# queues the abort). The three pieces below are that split written as vLLM writes it, over an in-process
-# engine core; the course (phase 13) has the learner write the first two.
+# whose consumer went away. In multiprocess mode `AsyncLLM` runs exactly this over an `AsyncMPClient`
+# (mini/engine/async_llm_mp.py, plus statistics and n > 1); the in-process `AsyncLLM` below does the same work
+# on its engine thread (`LLMEngine.step` processes the outputs and finishes stop-string requests;
+# `_step_once` routes them; `generate`'s `finally` queues the abort). The three pieces below are that split
+# written as vLLM writes it; the course (phase 13) has the learner write the first two.
 async def output_handler_step(engine_core: Any, output_processor: Any,
                               collectors: dict[str, RequestOutputCollector]) -> None:
     """One iteration of vLLM's `output_handler` loop (vllm/v1/engine/async_llm.py `_run_output_handler`).
@@ -195,27 +201,25 @@ class InprocEngineCore:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        # The EngineCore itself (an engine built with MINI_ENABLE_V1_MULTIPROCESSING=1 raises here, naming the
+        # switch; its asyncio counterpart is mini.engine.core_client.AsyncMPClient).
+        self.core = engine._core("engine_core")
         self.output_processor = OutputProcessor(engine.tokenizer, engine.choices)
         self.aborted: list[str] = []   # every id the front end aborted, in order (for tests and views)
 
     async def add_request_async(self, request: Any) -> None:
-        core_request = Request.from_engine_core_request(request)
-        self.engine.scheduler.add_request(core_request)
-        self.engine.structured_output_manager.grammar_init(core_request)
+        self.core.add_request(request)
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         self.aborted.extend(request_ids)
-        self.engine.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+        self.core.abort_requests(list(request_ids))
 
     def has_unfinished_requests(self) -> bool:
-        return self.engine.scheduler.has_unfinished_requests()
+        return self.core.has_unfinished_requests()
 
     def step(self) -> list[Any]:
         """One engine-core step -> the `EngineCoreOutput`s of the requests that progressed."""
-        engine = self.engine
-        if not engine.scheduler.has_unfinished_requests():
-            return []
-        return engine.execute_scheduled(engine.scheduler.schedule())[1]
+        return self.core.step()
 
     async def get_output_async(self) -> list[Any]:
         await asyncio.sleep(0)   # let the consumers run between two steps
@@ -259,10 +263,22 @@ StatLogger = Callable[[SchedulerStats, IterationStats], None]
 
 # ---------------------------------------------------------------------------- the engine
 class AsyncLLM:
-    """An `LLMEngine` driven by a background thread; `generate()` is an async stream per request."""
+    """`generate()` is an async stream per request. `AsyncLLM(config)` in multiprocess mode (the default) is an
+    `MPAsyncLLM` (mini/engine/async_llm_mp.py: AsyncMPClient + output-handler task, vLLM's design); in process
+    (`MINI_ENABLE_V1_MULTIPROCESSING=0`, or `AsyncLLM(engine=an LLMEngine)`) an `LLMEngine` driven by a
+    background thread (this class)."""
+
+    def __new__(cls, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
+                stat_loggers: list[StatLogger] | None = None) -> Any:
+        target = cls
+        if cls is AsyncLLM and engine is None and multiprocessing_enabled():
+            from mini.engine.async_llm_mp import MPAsyncLLM
+            target = MPAsyncLLM
+        return super().__new__(target)
 
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
                  stat_loggers: list[StatLogger] | None = None) -> None:
+        self._owns_engine = engine is None
         if engine is None:
             engine = LLMEngine(config or EngineConfig())
         self.engine = engine
@@ -344,6 +360,8 @@ class AsyncLLM:
         self._commands.put(("wake", None))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
+        if self._owns_engine and not self._thread.is_alive():
+            self.engine.shutdown()     # multiprocess mode: stop the engine-core process now
 
     def _check_alive(self) -> None:
         if self._dead_error is not None:
@@ -408,6 +426,8 @@ class AsyncLLM:
     def _step_once(self) -> None:
         try:
             outputs = self.engine.step()
+        except EngineDeadError:
+            raise                      # the engine-core process is gone: the loop ends, everyone hears it
         except Exception as error:
             logger.exception("engine step failed; aborting the %d requests in flight", len(self._collectors))
             failed = list(self._collectors)
@@ -430,7 +450,7 @@ class AsyncLLM:
             if collector is not None:
                 collector.put_threadsafe(output)
         if self.stat_loggers:
-            scheduler_stats = self.engine.get_scheduler_stats()
+            scheduler_stats = self.engine.step_scheduler_stats()   # multiprocess: sent with the step's outputs
             for stat_logger in self.stat_loggers:
                 try:
                     stat_logger(scheduler_stats, iteration)

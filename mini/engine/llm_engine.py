@@ -1,19 +1,20 @@
-"""The engine loop: add_request -> step -> outputs, with abort.
+"""The engine's front end: add_request -> step -> outputs, with abort.
 
-Mirrors vllm/v1/engine/llm_engine.py (LLMEngine) and vllm/v1/engine/core.py (EngineCore.step).
-vLLM runs the engine core (scheduler + model executor) in a separate process and talks to it over
-ZMQ. Its `EngineCore.step` schedules, starts the forward with `execute_model(..., non_block=True)`,
-computes the structured-output grammar bitmask while the forward runs, then calls
-`sample_tokens(grammar_output)` (the model runner applies the mask, then samples) and
-`update_from_output`; `LLMEngine.step` then runs the output processor and aborts the requests a stop
-string finished. mini's choice: one process and no overlap; `step` calls the same pieces in order, with
-the forward, the mask and the sampling in one `execute_model` call:
+Mirrors vllm/v1/engine/llm_engine.py (LLMEngine). The engine is two halves, as vLLM's:
 
-    InputProcessor.process      text -> token ids, validation            (vllm/v1/engine/input_processor.py)
-    Scheduler.schedule          which requests run, how many tokens each  (vllm/v1/core/sched/scheduler.py)
-    ModelRunner.execute_model   one forward pass + sampling               (vllm/v1/worker/gpu_model_runner.py)
-    Scheduler.update_from_output append tokens, stop checks, free blocks
-    OutputProcessor             detokenize, stop strings, RequestOutput   (vllm/v1/engine/output_processor.py)
+    front end (this file)   InputProcessor.process      text -> token ids, validation (vllm/v1/engine/input_processor.py)
+                            OutputProcessor             detokenize, stop strings, RequestOutput (.../output_processor.py)
+    engine core             EngineCore (mini/engine/core.py): Scheduler.schedule -> Executor.execute_model ->
+                            Scheduler.update_from_output, token ids in and out (vllm/v1/engine/core.py)
+
+`step` asks the core for one step and turns its `EngineCoreOutput`s into `RequestOutput`s, then finishes in
+the core the requests a stop string ended (the detokenizer finds those; vLLM aborts them the same way).
+`scheduler`, `model_runner`, `kv_cache_manager`, ... are the in-process core's parts, for views and tests.
+
+`self.engine_core` is an engine-core client (mini/engine/core_client.py, vLLM's `EngineCoreClient`):
+`SyncMPClient` by default (the core in a child process, mini/engine/core_proc.py), `InprocClient` with
+`MINI_ENABLE_V1_MULTIPROCESSING=0`. Only in-process are the core's parts and step observers reachable from
+here; in multiprocess mode they raise `EngineInternalsError` naming the switch.
 
 `add_step_observer(fn)` (mini only) hands `fn` each step's `StepTrace` (mini/metrics/step_trace.py) for views,
 traces and tests; stat loggers get counters (`get_scheduler_stats()`, vllm/v1/metrics/stats.py). An engine
@@ -27,115 +28,120 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
-from mini.core.request import Request, RequestStatus
+from mini.core.request import RequestStatus
 from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
-from mini.engine import EngineCoreOutput, EngineCoreRequest
+from mini.engine import EngineCoreRequest
+from mini.engine.core import EngineCore
+from mini.engine.core_client import EngineCoreClient, internals_error, multiprocessing_enabled
+from mini.engine.exceptions import EngineInternalsError, EngineStepError
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.parallel_sampling import ParentRequest
-from mini.engine.startup import determine_num_kv_blocks
+from mini.engine.startup import kv_bytes_per_block
 from mini.metrics.stats import PoolSnapshot, SchedulerStats
 from mini.metrics.step_trace import StepObserver, StepTrace
-from mini.model.llama import DecoderConfig
-from mini.model.loader import load_model
 from mini.outputs import RequestOutput
 from mini.roles import Choices, choose
-from mini.runner_outputs import ModelRunnerOutput
 from mini.sampling_params import SamplingParams
-from mini.structured_output import GrammarOutput, StructuredOutputManager
+from mini.structured_output import StructuredOutputManager
 from mini.tokenizer import load_tokenizer
 from mini.worker.model_runner import ModelRunner
 
+# Multiprocess mode: how long `step()` waits for the core's next outputs before returning none.
+STEP_WAIT_S = 1.0
+
 
 class LLMEngine:
-    """Owns the scheduler, the KV cache manager, the model runner and the I/O processors."""
+    """The front end (input and output processors) around an engine core (scheduler, executor)."""
 
-    def __init__(self, config: EngineConfig, parts: dict[str, Any] | None = None) -> None:
-        self.config = config
+    def __init__(self, config: EngineConfig, parts: dict[str, Any] | None = None, *,
+                 asyncio_mode: bool = False) -> None:
+        """`asyncio_mode` (multiprocess only): the client is an `AsyncMPClient` / `DPAsyncMPClient` for
+        `AsyncLLM`'s output-handler task (mini/engine/async_llm_mp.py); `step()` is then not used."""
         # Which implementation each role runs (mini/roles.py), chosen once here: `parts` on top of any
         # `mini.roles.use(...)` block the engine is built in (what the course's `labs.plug` opens).
         self.choices: Choices = choose(parts)
-        torch.manual_seed(config.seed)
-        model_dir = config.model_dir
-        self.model, self.hf_config = load_model(str(model_dir), config.device, config.torch_dtype,
-                                                choices=self.choices)
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(model_dir)
-
-        max_model_len = self._resolve_max_model_len(config, self.hf_config)
-        self.config = config = dataclasses.replace(config, max_model_len=max_model_len)
-        self.vocab_size = int(self.hf_config.vocab_size)
-        self.num_gpu_blocks = self._resolve_num_blocks(config, self.hf_config)
-
-        self.kv_cache_manager = self.choices.resolve(KVCacheManager)(
-            num_gpu_blocks=self.num_gpu_blocks,
-            block_size=config.block_size,
-            enable_caching=config.enable_prefix_caching,
-            hash_algo=config.prefix_caching_hash_algo,
-            choices=self.choices,
-        )
-        self.scheduler = self.choices.resolve(Scheduler)(config, self.kv_cache_manager, self.choices)
-        self.model_runner = self.choices.resolve(ModelRunner)(config, self.model, self.hf_config,
-                                                              self.num_gpu_blocks, self.choices)
-        self.input_processor = InputProcessor(
-            self.tokenizer, self.vocab_size, max_model_len, self._eos_token_id()
-        )
+        # In a child process (SyncMPClient) unless MINI_ENABLE_V1_MULTIPROCESSING=0 (InprocClient).
+        self.multiprocess_mode = multiprocessing_enabled()
+        if config.tensor_parallel_size > 1:   # a size the heads do not divide: refused before any process starts
+            from mini.executor.multiproc_executor import verify_tensor_parallel_config
+            verify_tensor_parallel_config(config)
+        if config.data_parallel_size > 1:     # N cores, each request to the least loaded (the server's AsyncLLM)
+            from mini.engine.dp_client import make_dp_client
+            self.engine_core = make_dp_client(self.multiprocess_mode, config, self.choices, asyncio_mode)
+        else:
+            self.engine_core = EngineCoreClient.make_client(self.multiprocess_mode, asyncio_mode, config,
+                                                            self.choices)
+        info = self.engine_core.startup
+        self._num_gpu_blocks = int(info["num_gpu_blocks"])
+        self.config = config = dataclasses.replace(config, max_model_len=info["max_model_len"])
+        self.vocab_size = int(info["vocab_size"])
+        self.max_request_len = int(info["max_request_len"])
+        self.num_usable_tokens = int(info["num_usable_tokens"])
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model_dir)
+        self.eos_token_id = info["eos_token_id"]     # the tokenizer's, else the checkpoint config's
+        self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, config.max_model_len,
+                                              self.eos_token_id)
         self.output_processor = OutputProcessor(self.tokenizer, self.choices)
-        # Structured output: compiles grammars on a worker thread, builds per-step bitmasks.
-        self.structured_output_manager = StructuredOutputManager(self.tokenizer, self.vocab_size,
-                                                                 self._eos_token_id(), choices=self.choices)
         self._pending_outputs: list[RequestOutput] = []
         # Called once at the end of every step that scheduled (views, traces, tests); none by default.
         self._step_observers: list[StepObserver] = []
 
-    # ------------------------------------------------------------------ construction helpers
-    @staticmethod
-    def _resolve_max_model_len(config: EngineConfig, hf_config: Any) -> int:
-        model_limit = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
-        if config.max_model_len is None:
-            if model_limit <= 0:
-                raise ValueError("max_model_len must be given: the model config has no max_position_embeddings")
-            return model_limit
-        if model_limit and config.max_model_len > model_limit:
-            raise ValueError(
-                f"max_model_len ({config.max_model_len}) must be <= the model's "
-                f"max_position_embeddings ({model_limit})"
-            )
-        return config.max_model_len
+    # ------------------------------------------------------------------ the engine core's parts
+    # An in-process engine core's pieces, for the course's views and the tests that look inside.
+    def _core(self, name: str) -> EngineCore:
+        """The in-process `EngineCore`; in multiprocess mode an error naming `name` and the switch."""
+        if self.engine_core.is_multiprocess:
+            raise EngineInternalsError(internals_error(name))
+        return self.engine_core.engine_core
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._core("scheduler").scheduler
+
+    @property
+    def kv_cache_manager(self) -> KVCacheManager:
+        return self._core("kv_cache_manager").kv_cache_manager
+
+    @property
+    def structured_output_manager(self) -> StructuredOutputManager:
+        return self._core("structured_output_manager").structured_output_manager
+
+    @property
+    def model_executor(self) -> Any:
+        return self._core("model_executor").model_executor
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        return self._core("model_runner").model_executor.model_runner
+
+    @property
+    def model(self) -> Any:
+        return self._core("model").model_executor.model
+
+    @property
+    def hf_config(self) -> Any:
+        return self._core("hf_config").hf_config
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self._num_gpu_blocks
+
+    @property
+    def startup_report(self) -> Any:
+        """What start-up measured (mini/engine/startup.py); None with `num_gpu_blocks_override`."""
+        return self._core("startup_report").startup_report
 
     @staticmethod
     def kv_bytes_per_block(config: EngineConfig, hf_config: Any) -> int:
         """Bytes one KV block takes across all layers: 2 (K and V) x layers x block_size x kv_heads x head_size."""
-        model_config = DecoderConfig.from_hf_config(hf_config)
-        element_size = torch.empty((), dtype=config.torch_dtype).element_size()
-        return (2 * model_config.num_hidden_layers * config.block_size * model_config.num_key_value_heads
-                * model_config.head_dim * element_size)
-
-    def _resolve_num_blocks(self, config: EngineConfig, hf_config: Any) -> int:
-        """Total KV blocks INCLUDING the null block 0 (vLLM's num_gpu_blocks counts it too).
-
-        Start-up as vLLM's (vllm/v1/worker/gpu_worker.py `determine_available_memory`, then
-        vllm/v1/core/kv_cache_utils.py `get_kv_cache_config`): weights are loaded; a profiling run at the
-        maximum batch measures the peak activation memory; the KV cache gets what remains of the budget.
-        """
-        self.startup_report = None   # what start-up measured (mini/engine/startup.py); None with an override
-        if config.num_gpu_blocks_override is not None:
-            return config.num_gpu_blocks_override
-        self.startup_report = determine_num_kv_blocks(self.model, config, hf_config,
-                                                      self.kv_bytes_per_block(config, hf_config))
-        return self.startup_report.num_gpu_blocks
+        return kv_bytes_per_block(config, hf_config)
 
     def _eos_token_id(self) -> int | None:
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            return int(self.tokenizer.eos_token_id)
-        eos = getattr(self.hf_config, "eos_token_id", None)
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        return None if eos is None else int(eos)
+        return self.eos_token_id
 
     # ------------------------------------------------------------------ the public loop
     def process_request(
@@ -167,12 +173,12 @@ class LLMEngine:
     def _check_fits(self, core_request: EngineCoreRequest) -> None:
         """A prompt must leave room for one sampled token in max_model_len and the KV pool (the scheduler
         refuses it otherwise); checked here too so that a batch is refused before any of it is queued."""
-        max_request_len = self.scheduler.max_request_len
+        max_request_len = self.max_request_len
         num_tokens = len(core_request.prompt_token_ids)
         if num_tokens >= max_request_len:
             raise ValueError(f"prompt_token_ids has {num_tokens} tokens; at most {max_request_len - 1} fit, "
                              f"leaving one position for a sampled token (max_model_len={self.config.max_model_len}, "
-                             f"KV pool capacity {self.kv_cache_manager.num_usable_tokens})")
+                             f"KV pool capacity {self.num_usable_tokens})")
 
     def add_request(
         self,
@@ -188,7 +194,9 @@ class LLMEngine:
         `process_request` returned for this `request_id` (vLLM's `LLMEngine.add_request` takes either);
         then `params`, `arrival_time` and `priority` are the request's own and the arguments are ignored.
         """
-        if request_id in self.scheduler.requests or self.output_processor.has_request(request_id):
+        inproc_core = None if self.engine_core.is_multiprocess else getattr(self.engine_core, "engine_core", None)
+        in_core = inproc_core is not None and request_id in inproc_core.scheduler.requests
+        if self.output_processor.has_request(request_id) or in_core:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         if isinstance(prompt, EngineCoreRequest):
             if prompt.request_id != request_id:
@@ -206,18 +214,14 @@ class LLMEngine:
         nothing has been registered anywhere."""
         params = core_request.sampling_params
         if params.n == 1:
-            request = Request.from_engine_core_request(core_request)
-            self.scheduler.add_request(request)
-            self.structured_output_manager.grammar_init(request)  # structured output: compile off the step loop
+            self.engine_core.add_request(core_request)
             self.output_processor.add_request(core_request)
             return
         parent = ParentRequest(core_request)
         for index in range(params.n):
             child_id, child_params = parent.get_child_info(index)
             child = dataclasses.replace(core_request, request_id=child_id, sampling_params=child_params)
-            child_request = Request.from_engine_core_request(child)
-            self.scheduler.add_request(child_request)
-            self.structured_output_manager.grammar_init(child_request)  # structured output
+            self.engine_core.add_request(child)
             self.output_processor.add_request(child, parent, index)
 
     def step(self) -> list[RequestOutput]:
@@ -226,41 +230,43 @@ class LLMEngine:
         With step observers attached (`add_step_observer`), each is called once at the end with the step's
         `StepTrace`; without, no trace is built."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        if not self.scheduler.has_unfinished_requests():
+        if not self.has_unfinished_requests():
             return outputs
-        scheduler_output = self.scheduler.schedule()
+        if not self._step_observers:
+            # In process: one EngineCore.step(); multiprocess: the core's next step's outputs (or none yet).
+            engine_core_outputs = (self.engine_core.get_output(timeout=STEP_WAIT_S) if self.multiprocess_mode
+                                   else self.engine_core.get_output())
+            if engine_core_outputs.failed_requests:
+                self._fail_requests(engine_core_outputs.failed_requests)
+            return outputs + self._process_core_outputs(engine_core_outputs.outputs)
+        core = self._core("add_step_observer")   # step observers: in-process only
+        if core.batch_queue:   # async scheduling: a traced step runs alone, after the steps in flight
+            outputs += self._process_core_outputs(core.drain_batch_queue())
+            if not core.scheduler.has_unfinished_requests():
+                return outputs
+        scheduler_output = core.scheduler.schedule()
         trace = self._new_trace(scheduler_output) if self._step_observers else None
-        runner_output, core_outputs = self.execute_scheduled(scheduler_output, trace)
-        request_outputs, stopped_by_string = self.output_processor.process_outputs(core_outputs)
-        if stopped_by_string:
-            # A stop string is found by the detokenizer, after the scheduler already kept the request:
-            # finish it there too so its blocks are freed now (vLLM does the same abort).
-            self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
-        outputs += request_outputs
+        runner_output, core_outputs = core.execute_scheduled(scheduler_output, trace)
+        outputs += self._process_core_outputs(core_outputs)
         if trace is not None:
             self._notify_step_observers(trace, runner_output, outputs)
         return outputs
 
-    def execute_scheduled(self, scheduler_output: SchedulerOutput, trace: StepTrace | None = None
-                          ) -> tuple[ModelRunnerOutput, list[EngineCoreOutput]]:
-        """The rest of vLLM's `EngineCore.step` after `schedule()`: the grammar bitmask, the model, the
-        scheduler's update -> (the runner's output, the engine-core outputs of the requests that progressed)."""
-        # Structured output: the constrained rows' token bitmask, as vLLM's EngineCore.step.
-        grammar_output = self._grammar_output(scheduler_output, trace)
-        runner_output = self.model_runner.execute_model(scheduler_output, grammar_output, trace=trace)
-        if scheduler_output.total_num_scheduled_tokens == 0:  # structured output: only grammars left to wait for
-            self.structured_output_manager.wait_for_compilation(timeout=0.01)
-        return runner_output, self.scheduler.update_from_output(scheduler_output, runner_output)
+    def _fail_requests(self, failed: dict[str, str]) -> None:
+        """A step raised in the engine-core process: it aborted these requests; forget them here and raise."""
+        for request_id in failed:
+            self.output_processor.abort_requests([request_id])
+        first = next(iter(failed.values()))
+        raise EngineStepError(f"{first} (requests aborted: {sorted(failed)})")
 
-    def _grammar_output(self, scheduler_output: SchedulerOutput, trace: StepTrace | None) -> GrammarOutput | None:
-        manager = self.structured_output_manager
-        if trace is None:
-            return manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
-        started = time.perf_counter()
-        grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
-        if grammar_output is not None:
-            trace.grammar_mask_seconds = time.perf_counter() - started
-        return grammar_output
+    def _process_core_outputs(self, core_outputs: list) -> list[RequestOutput]:
+        """Detokenize the core's outputs; finish the requests a stop string ended."""
+        request_outputs, stopped_by_string = self.output_processor.process_outputs(core_outputs)
+        if stopped_by_string:
+            # A stop string is found by the detokenizer, after the scheduler already kept the request:
+            # finish it there too so its blocks are freed now (vLLM does the same abort).
+            self.engine_core.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
+        return request_outputs
 
     # ------------------------------------------------------------------ observing the engine
     def add_step_observer(self, observer: StepObserver) -> Callable[[], None]:
@@ -272,6 +278,7 @@ class LLMEngine:
         """
         if not callable(observer):
             raise TypeError(f"a step observer must be callable, got {type(observer).__name__}")
+        self._core("add_step_observer")   # in-process engines only
         self._step_observers.append(observer)
         return lambda: self.remove_step_observer(observer)
 
@@ -282,7 +289,13 @@ class LLMEngine:
 
     def get_scheduler_stats(self) -> SchedulerStats:
         """The scheduler's counters now (vLLM hands the same `SchedulerStats` to its stat loggers)."""
-        return SchedulerStats.from_scheduler(self.scheduler)
+        return self.engine_core.get_scheduler_stats()
+
+    def step_scheduler_stats(self) -> SchedulerStats:
+        """The counters as of the last step: what the multiprocess core sent with its outputs (no round trip),
+        else the scheduler's now."""
+        latest = getattr(self.engine_core, "latest_scheduler_stats", None)
+        return latest if latest is not None else self.engine_core.get_scheduler_stats()
 
     def snapshot_pool(self) -> PoolSnapshot:
         """A copy of the scheduler's queues and the KV pool now (block tables, free queue, ref counts)."""
@@ -306,7 +319,7 @@ class LLMEngine:
         """Stop requests now; their blocks are freed at once and a final output has finish_reason 'abort'."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         internal_ids = self.output_processor.child_request_ids(ids)
-        self.scheduler.finish_requests(internal_ids, RequestStatus.FINISHED_ABORTED)
+        self.engine_core.abort_requests(internal_ids)
         self._pending_outputs.extend(self.output_processor.abort_requests(ids))
 
     def reset_prefix_cache(self) -> bool:
@@ -314,13 +327,23 @@ class LLMEngine:
 
         Refused (False, nothing changed) while a request holds blocks; True once the cache is empty.
         """
-        return self.scheduler.reset_prefix_cache()
+        return self.engine_core.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._pending_outputs) or self.scheduler.has_unfinished_requests()
+        if self._pending_outputs:
+            return True
+        if self.multiprocess_mode:    # the front end's view, as vLLM's (the core's lives in its process)
+            return self.output_processor.has_unfinished_requests()
+        return self.engine_core.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return self.scheduler.get_num_unfinished_requests()
+        if self.multiprocess_mode:
+            return self.output_processor.get_num_unfinished_requests()
+        return self.engine_core.get_num_unfinished_requests()
+
+    def shutdown(self) -> None:
+        """Stop the engine core (its process, in multiprocess mode). Idempotent; also run when collected."""
+        self.engine_core.shutdown()
 
     def get_tokenizer(self):
         if self.tokenizer is None:

@@ -51,6 +51,7 @@ import torch
 from mini.attention.metadata import build_attention_metadata
 from mini.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from mini.core.block_pool import usable_blocks
+from mini.model.llama import DecoderConfig
 from mini.utils import cdiv
 from mini.worker.prepare_inputs import prepare_inputs
 
@@ -58,6 +59,29 @@ logger = logging.getLogger("mini.engine")
 
 # CPU: the KV cache may take at most this fraction of the RAM available at start-up.
 CPU_AVAILABLE_RAM_FRACTION = 0.5
+
+
+def resolve_max_model_len(config: EngineConfig, hf_config: Any) -> int:
+    """`config.max_model_len`, checked against the checkpoint's `max_position_embeddings` (its default when
+    not given), as vLLM's `ModelConfig.get_and_verify_max_len` (vllm/config/model.py)."""
+    model_limit = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
+    if config.max_model_len is None:
+        if model_limit <= 0:
+            raise ValueError("max_model_len must be given: the model config has no max_position_embeddings")
+        return model_limit
+    if model_limit and config.max_model_len > model_limit:
+        raise ValueError(f"max_model_len ({config.max_model_len}) must be <= the model's "
+                         f"max_position_embeddings ({model_limit})")
+    return int(config.max_model_len)
+
+
+def kv_bytes_per_block(config: EngineConfig, hf_config: Any, tensor_parallel_size: int = 1) -> int:
+    """Bytes one KV block takes across all layers on one rank: 2 (K and V) x layers x block_size x kv_heads
+    (this rank's share of them) x head_size x element size (vLLM: `AttentionSpec.page_size_bytes`)."""
+    model_config = DecoderConfig.from_hf_config(hf_config)
+    element_size = torch.empty((), dtype=config.torch_dtype).element_size()
+    kv_heads = max(1, model_config.num_key_value_heads // tensor_parallel_size)  # fewer than ranks: replicated
+    return 2 * model_config.num_hidden_layers * config.block_size * kv_heads * model_config.head_dim * element_size
 
 
 @dataclass(slots=True)

@@ -55,7 +55,13 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         """`engine_args`: the fields of `EngineConfig` (mini/config.py), by keyword, with its defaults."""
-        self.llm_engine = LLMEngine(engine_config_from_args(model=model, **engine_args))
+        config = engine_config_from_args(model=model, **engine_args)
+        if config.data_parallel_size > 1:     # vLLM's offline LLM needs one process per DP rank; mini refuses
+            raise ValueError(f"data_parallel_size={config.data_parallel_size}: LLM runs one engine core; data "
+                             "parallelism is for the server (python -m mini serve --data-parallel-size N, or "
+                             "AsyncLLM), which routes each request to the least-loaded core. Offline, run one LLM "
+                             "per process instead.")
+        self.llm_engine = LLMEngine(config)
         self.request_counter = itertools.count()
 
     __init__.__signature__ = _engine_args_signature()

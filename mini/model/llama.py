@@ -13,9 +13,18 @@ Variants:
 Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so loading
 a checkpoint is a name-for-name copy (mini/model/loader.py).
 
+Tensor parallelism (mini/model/parallel_linear.py, vocab_parallel_embedding.py): each layer is built for this
+process's rank (`mini.distributed.get_tensor_model_parallel_rank/_world_size`; rank 0 of 1 by default, where
+every layer is the full `nn.Linear` / `nn.Embedding`). q/k/v and gate/up are column-parallel (each rank holds
+whole attention heads, its KV heads and its slice of the MLP), o_proj and down_proj row-parallel: their
+all-reduces are the only communication inside a layer. The embedding and the LM head are split over the
+vocabulary. `check_tensor_parallel_size` says which sizes a model allows.
+
 `LlamaForCausalLM` is the home of the `model` role (mini/roles.py): its parts `rms_norm` and `apply_rotary`
 are handed to every submodule when the model is built (`DecoderOps`), so a model class built with replaced
-parts (`choices.resolve(LlamaForCausalLM)`) runs them in every layer. vLLM picks an op's implementation
+parts (`choices.resolve(LlamaForCausalLM)`) runs them in every layer. Its parts `RowParallelLinear` and
+`VocabParallelEmbedding` are the classes of the layers whose forward holds a collective (o_proj, down_proj,
+the embedding), built from `DecoderOps` too (phase 15 plugs a learner's subclass into a TP=2 engine). vLLM picks an op's implementation
 when the model is built too (`CustomOp`, vllm/model_executor/custom_op.py). The layers hold the engine's
 attention backend instance (mini/attention/).
 """
@@ -30,7 +39,13 @@ import torch
 from torch import nn
 
 from mini.attention import build_attention_backend
+from mini.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from mini.model.parallel_linear import ColumnParallelLinear, RowParallelLinear, divide, kv_head_partition
 from mini.model.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
+from mini.model.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 if TYPE_CHECKING:
     from mini.attention.metadata import AttentionMetadata
@@ -88,6 +103,25 @@ class DecoderConfig:
         )
 
 
+def check_tensor_parallel_size(config: DecoderConfig, tensor_parallel_size: int) -> None:
+    """Refuse a size the heads do not divide (vLLM: `ModelConfig.verify_with_parallel_config`).
+
+    The query heads must split evenly. The KV heads too, or, when there are fewer KV heads than ranks, the
+    ranks must split evenly over them: each KV head is then REPLICATED on `tp / kv_heads` ranks, as vLLM's
+    `QKVParallelLinear` does (mini/model/parallel_linear.py `kv_head_partition`).
+    """
+    tp = tensor_parallel_size
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"tensor_parallel_size must be a positive int, got {tp!r}")
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % tp:
+        raise ValueError(f"Total number of attention heads ({heads}) must be divisible by tensor parallel "
+                         f"size ({tp})")
+    if (kv_heads % tp if kv_heads >= tp else tp % kv_heads):
+        raise ValueError(f"Total number of KV heads ({kv_heads}) must be divisible by tensor parallel size "
+                         f"({tp}), or tensor parallel size by it (each KV head then replicated)")
+
+
 class _AttrView:
     """Attribute access on a config dict (missing keys read as None, like `getattr(cfg, k, None)`)."""
 
@@ -112,6 +146,9 @@ class DecoderOps:
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm
     apply_rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rotary
+    # The layers whose forward holds a collective (o_proj/down_proj's all-reduce, the embedding's masked one).
+    RowParallelLinear: type[RowParallelLinear] = RowParallelLinear
+    VocabParallelEmbedding: type[VocabParallelEmbedding] = VocabParallelEmbedding
 
 
 REFERENCE_OPS = DecoderOps()
@@ -131,14 +168,14 @@ class RMSNorm(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SiLU-gated MLP: down(silu(gate(x)) * up(x))."""
+    """SiLU-gated MLP: down(silu(gate(x)) * up(x)); with TP, gate/up column- and down row-parallel."""
 
-    def __init__(self, config: DecoderConfig) -> None:
+    def __init__(self, config: DecoderConfig, ops: DecoderOps = REFERENCE_OPS) -> None:
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=bias)
-        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.gate_proj = ColumnParallelLinear(hidden, inner, bias=bias)   # this rank's slice of the inner dim
+        self.up_proj = ColumnParallelLinear(hidden, inner, bias=bias)
+        self.down_proj = ops.RowParallelLinear(inner, hidden, bias=bias)  # partial sums -> all-reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -150,17 +187,24 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: DecoderConfig, layer_idx: int, backend: Any, ops: DecoderOps = REFERENCE_OPS) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        # This rank's heads (all of them without TP): whole query heads, and the KV heads they attend to.
+        self.num_heads = divide(config.num_attention_heads, tp_size, "total number of attention heads")
+        kv = kv_head_partition(config.num_key_value_heads, tp_size, tp_rank)
+        self.num_kv_heads = kv.num_kv_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.backend = backend
         self.apply_rotary = ops.apply_rotary
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
+        q_size, kv_size = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = ColumnParallelLinear(hidden, q_size, bias=config.qkv_bias)
+        # K/V rows split by KV head; fewer KV heads than ranks: ranks share (replicate) one head's rows.
+        self.k_proj = ColumnParallelLinear(hidden, kv_size, bias=config.qkv_bias, tp_rank=kv.shard_rank,
+                                           tp_size=kv.num_shards)
+        self.v_proj = ColumnParallelLinear(hidden, kv_size, bias=config.qkv_bias, tp_rank=kv.shard_rank,
+                                           tp_size=kv.num_shards)
+        self.o_proj = ops.RowParallelLinear(q_size, hidden, bias=config.o_bias)   # partial sums -> all-reduce
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
@@ -191,7 +235,7 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: DecoderConfig, layer_idx: int, backend: Any, ops: DecoderOps = REFERENCE_OPS) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, backend, ops)
-        self.mlp = LlamaMLP(config)
+        self.mlp = LlamaMLP(config, ops)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
@@ -203,7 +247,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: DecoderConfig, backend: Any, ops: DecoderOps = REFERENCE_OPS) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = ops.VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, idx, backend, ops) for idx in range(config.num_hidden_layers)
         )
@@ -228,20 +272,26 @@ class LlamaForCausalLM(nn.Module):
     replaced_parts: ClassVar[frozenset[str]] = frozenset()
     rms_norm = staticmethod(rms_norm)
     apply_rotary = staticmethod(apply_rotary)
+    RowParallelLinear = RowParallelLinear
+    VocabParallelEmbedding = VocabParallelEmbedding
 
     def __init__(self, hf_config: Any, attention_backend: str | Any = "torch") -> None:
         super().__init__()
         self.config = DecoderConfig.from_hf_config(hf_config)
+        self.tensor_parallel_size = get_tensor_model_parallel_world_size()
+        check_tensor_parallel_size(self.config, self.tensor_parallel_size)
         self.attention_backend = build_attention_backend(attention_backend)
-        self.ops = DecoderOps(rms_norm=self.rms_norm, apply_rotary=self.apply_rotary)
+        self.ops = DecoderOps(rms_norm=self.rms_norm, apply_rotary=self.apply_rotary,
+                              RowParallelLinear=self.RowParallelLinear,
+                              VocabParallelEmbedding=self.VocabParallelEmbedding)
         self.model = LlamaModel(self.config, self.attention_backend, self.ops)
-        self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size)
         self.tie_weights()
 
     def tie_weights(self) -> None:
         """With `tie_word_embeddings`, the LM head IS the embedding matrix (one shared parameter)."""
         if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie_weights(self.model.embed_tokens)
 
     def set_attention_backend(self, backend: str | Any) -> None:
         """Give every layer `backend`: a built backend instance, or a name ("torch", "torch_fast", "triton")."""
@@ -264,12 +314,15 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[N, hidden_size]` -> float32 logits `[N, vocab_size]`."""
+        """`[N, hidden_size]` -> float32 logits `[N, vocab_size]` (all of them, on every rank)."""
         return self.lm_head(hidden).float()
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
         """Shape of ONE layer's cache (contract): `[2, num_blocks, block_size, num_kv_heads, head_size]`.
 
         vLLM v0.33.0 keeps K and V side by side instead, `[num_blocks, num_kv_heads, block_size, 2 * head_size]`
-        (see mini/attention/reference.py); each side has the same shape as here."""
-        return (2, num_blocks, block_size, self.config.num_key_value_heads, self.config.head_dim)
+        (see mini/attention/reference.py); each side has the same shape as here. With tensor parallelism
+        `num_kv_heads` is this rank's (vLLM: each worker's `KVCacheSpec` counts its own heads)."""
+        kv = kv_head_partition(self.config.num_key_value_heads, self.tensor_parallel_size,
+                               get_tensor_model_parallel_rank())
+        return (2, num_blocks, block_size, kv.num_kv_heads, self.config.head_dim)

@@ -3,7 +3,9 @@
 Mirrors vllm/model_executor/model_loader/default_loader.py (find the *.safetensors files, single or
 sharded through model.safetensors.index.json, and stream their tensors into the model) and
 weight_utils.py (`safetensors_weights_iterator`). mini's parameter names equal the checkpoint's, so
-each tensor is copied into the parameter of the same name; a tied `lm_head.weight` may be absent.
+each tensor is copied into the parameter of the same name; a tied `lm_head.weight` may be absent. With
+tensor parallelism the parameter is this rank's shard: the layer's `weight_loader(param, full_tensor)` keeps
+the rows / columns it owns (vLLM's design, mini/model/parallel_linear.py), so one checkpoint serves any size.
 
 `load_model` returns `(model, hf_config)` where `hf_config` is the transformers `PretrainedConfig`
 read by `AutoConfig.from_pretrained(model_dir)` from the folder's config.json (offline). The model's class is
@@ -99,8 +101,15 @@ def iterate_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Copy each checkpoint tensor into the parameter with the same name; check nothing is left out."""
+    """Copy each checkpoint tensor into the parameter with the same name; check nothing is left out.
+
+    A parameter of a parallel layer (one with a `weight_loader`) gets the full tensor through it: the layer
+    checks the shape and keeps this rank's shard. The others are copied whole (replicated on every rank)."""
     params = dict(model.named_parameters(remove_duplicate=False))
+    loaders = {f"{prefix}.{name}" if prefix else name: module.weight_loader
+               for prefix, module in model.named_modules(remove_duplicate=False)
+               if callable(getattr(module, "weight_loader", None))
+               for name, _ in module.named_parameters(recurse=False, remove_duplicate=False)}
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in weights:
@@ -110,6 +119,11 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
             unexpected.append(name)
             continue
         param = params[name]
+        if name in loaders:
+            with torch.no_grad():
+                loaders[name](param, tensor.to(param.dtype))
+            loaded.add(name)
+            continue
         if tuple(param.shape) != tuple(tensor.shape):
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, model expects "
                              f"{tuple(param.shape)}")

@@ -26,6 +26,7 @@ import torch
 from mini.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 from mini.sample.logits_processor.state import BatchUpdateBuilder
 from mini.worker.block_table import BlockTable
+from mini.worker.token_ids_buffer import TokenIdsBuffer
 
 if TYPE_CHECKING:
     from mini.sampling_params import SamplingParams
@@ -81,6 +82,8 @@ class InputBatch:
         self.batch_update_builder = batch_update_builder or BatchUpdateBuilder()
         # Row i's block ids, kept up to date by the model runner (`sync_row`) before each forward.
         self.block_table = BlockTable(max_num_reqs)
+        # Row i's token ids (vLLM: `token_ids_cpu_tensor`), synced by the model runner before each forward.
+        self.token_ids = TokenIdsBuffer(max_num_reqs)
         # Told each BatchUpdate `get_batch_update()` hands out (the runner sets it while a step observer
         # traces the step: mini/metrics/step_trace.py); None: nobody listens.
         self.batch_update_listener: Callable[[BatchUpdate | None], None] | None = None

@@ -44,6 +44,7 @@ from mini.spec_decode.metadata import SpecDecodeMetadata
 from mini.spec_decode.proposer import build_drafter
 from mini.structured_output.bitmask import BitmaskApplier
 from mini.worker import cuda_graph
+from mini.worker.fast_inputs import gather_inputs
 from mini.worker.input_batch import CachedRequestState, InputBatch
 
 if TYPE_CHECKING:
@@ -194,7 +195,8 @@ class ModelRunner:
                         ) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata, list[int]]:
         """Flat tensors for the rows of the batch, in row order, on the device (vLLM: `_prepare_inputs`).
 
-        The block table is the persistent one (block_table.py): only new block ids are written each step.
+        The block table and the token ids are persistent (block_table.py, token_ids_buffer.py): only new block
+        ids and tokens are written each step; the flat tensors are computed in NumPy (fast_inputs.py).
         A runner built with a part of the input composition replaced (`uses_reference_inputs`) runs
         `self.prepare_inputs` on the per-request lists instead (phase 02's path; tests hold the two equal).
         """
@@ -206,13 +208,12 @@ class ModelRunner:
                                          computed, scheduled, [state.block_ids for state in states],
                                          self.block_size)
         else:
-            block_table = self.input_batch.block_table
+            block_table, token_ids = self.input_batch.block_table, self.input_batch.token_ids
             for row, state in enumerate(states):
                 block_table.sync_row(row, state, state.block_ids)
-            input_ids = [token for state, start, count in zip(states, computed, scheduled)
-                         for token in _fed_tokens(state, start, count)]
-            inputs = batch_inputs.assemble_inputs(input_ids, computed, scheduled, block_table.get(len(states)),
-                                                  self.block_size)
+                token_ids.sync_row(row, state)
+            # The input ids: one gather from the persistent token buffer, as vLLM's (fast_inputs.py).
+            inputs = gather_inputs(token_ids, computed, scheduled, block_table.get(len(states)), self.block_size)
         inputs = inputs.to(self.device)
         # Each row's sequence length, and the two maxima, from the host's lists: reading them from the device
         # tensors (`.tolist()`, `int(t.max())`) would make the CPU wait for the GPU. vLLM keeps them on its
@@ -368,11 +369,3 @@ class ModelRunner:
         if inputs is None:
             return None
         return self._forward(inputs, self.build_attention_metadata(inputs))[1]
-
-
-def _fed_tokens(state: CachedRequestState, start: int, count: int) -> list[int]:
-    """The `count` tokens fed from position `start`: the request's tokens, then this step's drafts."""
-    tokens = state.all_token_ids[start: start + count]
-    if len(tokens) < count:
-        tokens = tokens + state.spec_token_ids[: count - len(tokens)]
-    return tokens

@@ -235,6 +235,12 @@ class Scheduler:
             return 0
         return max(0, min(self.num_lookahead_tokens, self.max_request_len - num_tokens_after_step))
 
+    @staticmethod
+    def _num_running_tokens_wanted(request: Request) -> int:
+        """The tokens a running request wants computed: its known ones and drafts not computed yet, plus (async
+        scheduling) the tokens of steps in flight, which are next step's inputs (vLLM: the same sum)."""
+        return request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+
     def _pick_victim(self) -> Request:
         return self.select_preemption_victim(self.running, self.policy)
 
@@ -282,7 +288,7 @@ class Scheduler:
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
             num_new_tokens = self._cap_new_tokens(
-                request.num_tokens_with_spec - request.num_computed_tokens, request.num_computed_tokens,
+                self._num_running_tokens_wanted(request), request.num_computed_tokens,
                 token_budget, long_prefill_token_threshold)
             if num_new_tokens == 0:
                 req_index += 1

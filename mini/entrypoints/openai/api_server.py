@@ -11,9 +11,13 @@ FastAPI routes on one `AsyncLLM` (mini/engine/async_llm.py), served by uvicorn:
     POST /v1/completions       mini/entrypoints/openai/serving_completion.py
     POST /v1/chat/completions  mini/entrypoints/openai/serving_chat.py
     GET  /metrics              Prometheus text (mini/entrypoints/openai/metrics.py)
+    GET  /openapi.json         the routes' contract (mini/entrypoints/openai/openapi.py)
 
 Every error is answered in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 for a
-body that does not parse or a bad parameter, 404 for a model this server does not serve. A client that
+body that does not parse or a bad parameter, 404 for a model this server does not serve, 503 once the
+engine has died, and, when the server has API keys (`--api-key` or `MINI_API_KEY`,
+mini/entrypoints/openai/auth.py), 401 on every `/v1` route without `Authorization: Bearer <key>`. The
+OpenAPI document at /openapi.json declares exactly these (mini/entrypoints/openai/openapi.py). A client that
 disconnects cancels its handler, which aborts its engine requests (their KV blocks are freed before the
 next step): for streams Starlette does it, for whole responses `with_cancellation` below.
 """
@@ -27,18 +31,38 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mini.config import add_engine_arguments, cli_engine_args
 from mini.engine.async_llm import AsyncLLM, EngineDeadError
+from mini.engine.dp_client import dp_stat_logger_args, engine_cores_alive
+from mini.entrypoints.openai.auth import API_KEY_ENV, AuthenticationMiddleware, api_keys_from
 from mini.entrypoints.openai.metrics import PrometheusStatLogger
-from mini.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from mini.entrypoints.openai.openapi import (
+    HEALTH_RESPONSES,
+    METRICS_RESPONSES,
+    PROMETHEUS_CONTENT_TYPE,
+    generation_responses,
+    install_openapi,
+)
+from mini.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamResponse,
+    ModelCard,
+    ModelList,
+)
 from mini.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from mini.entrypoints.openai.serving_engine import OpenAIError
@@ -81,9 +105,13 @@ def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., A
 
 
 def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusStatLogger | None = None,
-              shutdown_engine: bool = True) -> FastAPI:
-    """The FastAPI app on `engine`. `shutdown_engine`: stop the engine loop when the app shuts down."""
-    stat_logger = stat_logger or PrometheusStatLogger(served_model_name)
+              shutdown_engine: bool = True, api_keys: Sequence[str] | None = None) -> FastAPI:
+    """The FastAPI app on `engine`. `shutdown_engine`: stop the engine loop when the app shuts down.
+
+    `api_keys`: when given (non-empty), every `/v1` route requires `Authorization: Bearer <one of them>`
+    (the command line passes `--api-key`, else `MINI_API_KEY`; build_app itself reads no environment)."""
+    # one series per engine core with --data-parallel-size N (label engine="0", "1", ...), as vLLM's
+    stat_logger = stat_logger or PrometheusStatLogger(served_model_name, **dp_stat_logger_args(engine))
     if stat_logger not in engine.stat_loggers:
         engine.stat_loggers.append(stat_logger)
     names = [served_model_name]
@@ -99,10 +127,24 @@ def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusS
     app = FastAPI(title="mini OpenAI-compatible server", lifespan=lifespan)
     app.state.engine = engine
     app.state.stat_logger = stat_logger
+    if api_keys:
+        app.add_middleware(AuthenticationMiddleware, api_keys=list(api_keys))
+    install_openapi(app, secured=bool(api_keys))
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, error: OpenAIError) -> JSONResponse:
         return error_json(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own errors (a body that is not UTF-8 JSON, 404 path, 405 method) in OpenAI's shape too."""
+        try:
+            name = HTTPStatus(error.status_code).phrase.replace(" ", "").replace("-", "") + "Error"
+        except ValueError:
+            name = "HTTPError"
+        response = error_json(OpenAIError(str(error.detail), error.status_code, name))
+        response.headers.update(error.headers or {})
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -116,18 +158,19 @@ def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusS
     async def engine_dead(_: Request, error: EngineDeadError) -> JSONResponse:
         return error_json(OpenAIError(str(error), 503, "ServiceUnavailableError"))
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses=HEALTH_RESPONSES)
     async def health() -> Response:
-        return Response(status_code=200 if engine.is_running and not engine.errored else 503)
+        healthy = engine.is_running and not engine.errored and engine_cores_alive(engine)   # every core
+        return Response(status_code=200 if healthy else 503)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=served_model_name, root=served_model_name,
                                          max_model_len=completions.max_model_len)])
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def metrics() -> Response:
-        return Response(stat_logger.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(stat_logger.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     async def respond(result: Any) -> Response:
         if result is None:  # the client went away
@@ -136,14 +179,16 @@ def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusS
             return StreamingResponse(result, media_type="text/event-stream")
         return JSONResponse(result.model_dump())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_class=JSONResponse,
+              responses=generation_responses(CompletionResponse, CompletionStreamResponse))
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
         return await respond(await with_cancellation(_completion)(request, raw_request=raw_request))
 
     async def _completion(request: CompletionRequest, raw_request: Request) -> Any:
         return await completions.create_completion(request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_class=JSONResponse,
+              responses=generation_responses(ChatCompletionResponse, ChatCompletionStreamResponse))
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
         return await respond(await with_cancellation(_chat)(request, raw_request=raw_request))
 
@@ -189,7 +234,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int | None = No
 SERVE_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
                      "num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization",
                      "enable_prefix_caching", "scheduling_policy", "enforce_eager", "device", "dtype", "seed",
-                     "speculative_config")
+                     "speculative_config", "tensor_parallel_size", "data_parallel_size", "async_scheduling")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -198,6 +243,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every /v1 route (several keys allowed; "
+                             f"default: the environment variable {API_KEY_ENV}, else no key)")
     add_engine_arguments(parser, SERVE_ENGINE_ARGS)
     parser.add_argument("--log-level", default="info")
     return parser
@@ -219,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine = AsyncLLM.from_engine_args(**engine_args_from(args))
-    app = build_app(engine, served_name(args))
+    api_keys = api_keys_from(args.api_key)
+    app = build_app(engine, served_name(args), api_keys=api_keys)
+    if api_keys:
+        logger.info("/v1 routes require one of %d API key(s)", len(api_keys))
     logger.info("serving %s on http://%s:%d", served_name(args), args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -9,6 +9,14 @@ vllm/entrypoints/generate/base/protocol.py (`StreamOptions`); vLLM once kept the
 (`top_k`, `min_p`, `repetition_penalty`, `structured_outputs`, `cache_salt`, `priority`, `ignore_eos`,
 `min_tokens`, `stop_token_ids`, ...). Unknown fields are accepted and ignored, as vLLM does (it logs them).
 `to_sampling_params` builds the engine's `SamplingParams`; its `ValueError`s become 400 responses.
+
+The request models are the server's contract (they are the OpenAPI document's request schemas), so they
+say what the server accepts: vLLM's own bounds (`seed` and `priority` in int64, prompt token ids >= 0,
+at most 4 stop strings as `VLLM_MAX_STOP_STRINGS`, `n` at most 16384 as `VLLM_MAX_N_SEQUENCES`) plus the
+ranges `SamplingParams` checks (temperature >= 0, top_p in (0, 1], ...), non-empty prompts and messages,
+and the message shape mini reads (mini/entrypoints/chat_utils.py). Where mini differs from vLLM: the
+request models are strict (`"n": "2"` or `"stream": "yes"` is a 400, where vLLM's lax models coerce them),
+so that a body the document calls invalid is never served.
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ from __future__ import annotations
 import time
 import uuid
 from abc import abstractmethod
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from mini.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -29,6 +37,21 @@ def random_id(prefix: str) -> str:
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class RequestModel(OpenAIBaseModel):
+    """A request body part: strict types (no str -> int coercion), unknown fields allowed."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1   # vLLM's bounds of seed and priority
+MAX_N_SEQUENCES = 16384                     # vLLM's VLLM_MAX_N_SEQUENCES default
+MAX_STOP_STRINGS = 4                        # vLLM's VLLM_MAX_STOP_STRINGS default
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+TokenId = Annotated[int, Field(ge=0)]
+TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
 # ---------------------------------------------------------------------------- errors, models, usage
@@ -63,22 +86,22 @@ class UsageInfo(OpenAIBaseModel):
     total_tokens: int = 0
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(RequestModel):
     include_usage: bool | None = False
 
 
-class JsonSchemaFormat(OpenAIBaseModel):
+class JsonSchemaFormat(RequestModel):
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(OpenAIBaseModel):
+class ResponseFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputsRequest(OpenAIBaseModel):
+class StructuredOutputsRequest(RequestModel):
     """vLLM's `structured_outputs` extra field: exactly one of json / regex / choice / json_object."""
 
     json_: str | dict | None = Field(default=None, alias="json")
@@ -88,34 +111,34 @@ class StructuredOutputsRequest(OpenAIBaseModel):
 
 
 # ---------------------------------------------------------------------------- the sampling fields
-class SamplingRequest(OpenAIBaseModel):
+class SamplingRequest(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N_SEQUENCES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: Int64 | None = None
+    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[TokenIdKey, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM's extra sampling fields
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int = 0
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsRequest | None = None
-    cache_salt: str | None = None
-    priority: int = 0
+    cache_salt: NonEmptyStr | None = None
+    priority: Int64 = 0
 
     @abstractmethod
     def requested_max_tokens(self) -> int | None:
@@ -174,9 +197,11 @@ class SamplingRequest(OpenAIBaseModel):
 
 # ---------------------------------------------------------------------------- /v1/completions
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: (NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)]
+             | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    logprobs: Annotated[int, Field(ge=-1)] | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -226,12 +251,24 @@ class ChatMessage(OpenAIBaseModel):
     content: str | None = None
 
 
+class TextContentPart(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatCompletionMessageParam(RequestModel):
+    """One message as mini reads it: a role of mini/entrypoints/chat_utils.py ROLES, and text content."""
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[TextContentPart]
+
+
 class ChatCompletionRequest(SamplingRequest):
-    messages: list[dict[str, Any]]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None

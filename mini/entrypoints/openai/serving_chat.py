@@ -63,7 +63,7 @@ class OpenAIServingChat(OpenAIServing):
     def render(self, request: ChatCompletionRequest) -> dict[str, Any]:
         tokenizer = self.tokenizer()
         try:
-            conversation = normalize_conversation(request.messages)
+            conversation = normalize_conversation([message.model_dump() for message in request.messages])
             text = apply_chat_template(
                 tokenizer, conversation, chat_template=request.chat_template,
                 add_generation_prompt=request.add_generation_prompt,

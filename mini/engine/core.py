@@ -1,0 +1,174 @@
+"""The engine core: the scheduler, the executor and the structured-output manager, stepped together.
+
+Mirrors vllm/v1/engine/core.py (`EngineCore`: `add_request`, `abort_requests`, `step`). It knows token ids
+only: the front end (mini/engine/llm_engine.py, mini/engine/async_llm.py) tokenizes prompts into
+`EngineCoreRequest`s and detokenizes the `EngineCoreOutput`s this returns. That line is where vLLM cuts the
+engine in two processes (the core's busy loop runs in `EngineCoreProc`, reached through an
+`EngineCoreClient`): everything that crosses it is plain data.
+
+One `step` is vLLM's `EngineCore.step`:
+
+    Scheduler.schedule                  which requests run, how many tokens each   (vllm/v1/core/sched/scheduler.py)
+    StructuredOutputManager.grammar_bitmask   the constrained rows' allowed tokens (vllm/v1/structured_output/)
+    Executor.execute_model              one forward pass + sampling on the workers (vllm/v1/executor/)
+    Scheduler.update_from_output        append tokens, stop checks, free blocks -> EngineCoreOutputs
+
+vLLM starts the forward with `execute_model(..., non_block=True)` and computes the bitmask while it runs, then
+calls `sample_tokens(grammar_output)`; mini computes the bitmask first and hands both to one `execute_model`.
+
+With `async_scheduling=True`, `step` is vLLM's `step_with_batch_queue` instead (mini/engine/batch_queue.py): step
+N+1 is scheduled, with placeholders for step N's tokens (mini/core/sched/async_scheduler.py), while step N runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from mini.config import EngineConfig
+from mini.core.kv_cache_manager import KVCacheManager
+from mini.core.request import Request, RequestStatus
+from mini.core.sched.async_scheduler import async_scheduler_class
+from mini.core.sched.output import SchedulerOutput
+from mini.core.sched.scheduler import Scheduler
+from mini.engine import EngineCoreOutput, EngineCoreRequest
+from mini.engine.batch_queue import drain_batch_queue, step_with_batch_queue
+from mini.executor import executor_class
+from mini.metrics.step_trace import StepTrace
+from mini.roles import Choices, choose
+from mini.runner_outputs import ModelRunnerOutput
+from mini.structured_output import GrammarOutput, StructuredOutputManager
+from mini.tokenizer import load_tokenizer
+
+
+def eos_token_id_of(tokenizer: Any, hf_config: Any) -> int | None:
+    """The end-of-sequence id: the tokenizer's, else the checkpoint config's (its first, if a list)."""
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return None if eos is None else int(eos)
+
+
+class EngineCore:
+    """Scheduler + executor + structured output: takes `EngineCoreRequest`s, returns `EngineCoreOutput`s."""
+
+    def __init__(self, config: EngineConfig, parts: dict[str, Any] | None = None,
+                 choices: Choices | None = None) -> None:
+        # Which implementation each role runs (mini/roles.py), chosen once here: `parts` on top of any
+        # `mini.roles.use(...)` block the engine is built in (what the course's `labs.plug` opens).
+        self.choices: Choices = choices if choices is not None else choose(parts)
+        torch.manual_seed(config.seed)
+        self.model_executor = executor_class(config)(config, self.choices)
+        self.config = config = self.model_executor.config        # max_model_len resolved
+        self.hf_config = self.model_executor.hf_config
+        self.num_gpu_blocks = self.model_executor.num_gpu_blocks
+        self.startup_report = self.model_executor.startup_report  # None with num_gpu_blocks_override
+        self.vocab_size = int(self.hf_config.vocab_size)
+        # vLLM's engine core loads the tokenizer for the structured-output backends only.
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model_dir)
+        self.eos_token_id = eos_token_id_of(self.tokenizer, self.hf_config)
+
+        self.kv_cache_manager = self.choices.resolve(KVCacheManager)(
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=config.block_size,
+            enable_caching=config.enable_prefix_caching,
+            hash_algo=config.prefix_caching_hash_algo,
+            choices=self.choices,
+        )
+        scheduler_class = self.choices.resolve(Scheduler)
+        if config.async_scheduling:   # placeholders for the tokens of the step in flight
+            scheduler_class = async_scheduler_class(scheduler_class)
+        self.scheduler = scheduler_class(config, self.kv_cache_manager, self.choices)
+        # Async scheduling: the steps handed to the executor and not finished yet, newest first (vLLM: the
+        # batch queue, `max_concurrent_batches` long); None when every step runs to its end (mini/engine/batch_queue.py).
+        self.batch_queue_size = max(self.model_executor.max_concurrent_batches, 2 if config.async_scheduling else 1)
+        self.batch_queue: deque | None = deque() if self.batch_queue_size > 1 else None
+        # Structured output: compiles grammars on a worker thread, builds per-step bitmasks.
+        self.structured_output_manager = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                                                                 self.eos_token_id, choices=self.choices)
+
+    # ------------------------------------------------------------------ what the front end needs to know
+    def startup_info(self) -> dict[str, Any]:
+        """The numbers the front end checks requests against (vLLM sends them in its start-up handshake)."""
+        return {
+            "max_model_len": int(self.config.max_model_len),
+            "max_request_len": int(self.scheduler.max_request_len),
+            "num_usable_tokens": int(self.kv_cache_manager.num_usable_tokens),
+            "num_gpu_blocks": int(self.num_gpu_blocks),
+            "vocab_size": self.vocab_size,
+            "eos_token_id": self.eos_token_id,
+        }
+
+    # ------------------------------------------------------------------ requests in, outputs out
+    def add_request(self, request: EngineCoreRequest | Request) -> None:
+        """Queue one request (an `EngineCoreRequest` from the front end, or a `Request` made from one)."""
+        if isinstance(request, EngineCoreRequest):
+            request = Request.from_engine_core_request(request)
+        self.scheduler.add_request(request)
+        self.structured_output_manager.grammar_init(request)  # structured output: compile off the step loop
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Finish these requests now (unknown ids are ignored); their KV blocks are freed at once."""
+        self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """Finish requests the front end ended (a stop string found by the detokenizer)."""
+        self.scheduler.finish_requests(list(request_ids), status)
+
+    def has_unfinished_requests(self) -> bool:
+        """Requests not finished, or (async scheduling) a step still in flight."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule, run the model once, update -> the outputs of the requests that progressed.
+
+        With async scheduling, `step_with_batch_queue` instead (mini/engine/batch_queue.py): it may return []
+        after only starting a step, and returns the outputs of the step before it on the next call."""
+        if self.batch_queue is not None:
+            return step_with_batch_queue(self)
+        if not self.scheduler.has_unfinished_requests():
+            return []
+        return self.execute_scheduled(self.scheduler.schedule())[1]
+
+    def execute_scheduled(self, scheduler_output: SchedulerOutput, trace: StepTrace | None = None
+                          ) -> tuple[ModelRunnerOutput, list[EngineCoreOutput]]:
+        """The rest of `step` after `schedule()`: the grammar bitmask, the model, the scheduler's update ->
+        (the runner's output, the engine-core outputs of the requests that progressed)."""
+        grammar_output = self._grammar_output(scheduler_output, trace)
+        runner_output = self.model_executor.execute_model(scheduler_output, grammar_output, trace=trace)
+        if scheduler_output.total_num_scheduled_tokens == 0:  # structured output: only grammars left to wait for
+            self.structured_output_manager.wait_for_compilation(timeout=0.01)
+        return runner_output, self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _grammar_output(self, scheduler_output: SchedulerOutput, trace: StepTrace | None) -> GrammarOutput | None:
+        manager = self.structured_output_manager
+        if trace is None:
+            return manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
+        started = time.perf_counter()
+        grammar_output = manager.grammar_bitmask(self.scheduler.requests, scheduler_output)
+        if grammar_output is not None:
+            trace.grammar_mask_seconds = time.perf_counter() - started
+        return grammar_output
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block; refused (False) while a request holds blocks."""
+        return self.scheduler.reset_prefix_cache()
+
+    def drain_batch_queue(self) -> list[EngineCoreOutput]:
+        """Async scheduling: finish the steps in flight -> their outputs (nothing to do without it)."""
+        return drain_batch_queue(self) if self.batch_queue else []
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers and the grammar compiler. Idempotent."""
+        self.model_executor.shutdown()
+        shutdown = getattr(self.structured_output_manager, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
