@@ -8,6 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import gc
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,60 @@ def engine_core_mode(request):
             yield "inproc"
         return
     yield "multiprocess" if os.environ.get("MINI_ENABLE_V1_MULTIPROCESSING", "1") != "0" else "inproc"
+
+
+def _live_children(pid: int) -> list[tuple[int, str]]:
+    """(pid, name) of the live, non-zombie child processes of `pid`, read from /proc (Linux)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name_and_rest = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = name_and_rest[name_and_rest.index("(") + 1:name_and_rest.rindex(")")]
+        fields = name_and_rest.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            children.append((int(entry.name), name))
+    return children
+
+
+@pytest.fixture(autouse=True, scope="session")
+def nothing_left_behind():
+    """After the session: no engine-core or worker process of this pytest process is alive, and no socket folder
+    it created is left in the temp dir (issue 27: shutdown leaves no orphan and no stale socket file). A process
+    forked by this one is a child with this process' command line, whatever it renamed itself to."""
+    if not Path("/proc/self/stat").exists():
+        yield
+        return
+    temp = Path(tempfile.gettempdir())
+    sockets_before = set(temp.glob("mini-engine-*"))
+    me = os.getpid()
+    my_cmdline = Path("/proc/self/cmdline").read_bytes()
+    yield
+    gc.collect()   # engines only a reference cycle still holds are shut down by their finalizers
+
+    def leftovers() -> tuple[list, list]:
+        forks = [(pid, name) for pid, name in _live_children(me)
+                 if _cmdline(pid) == my_cmdline]
+        sockets = sorted(str(p) for p in set(temp.glob("mini-engine-*")) - sockets_before)
+        return forks, sockets
+
+    deadline = time.monotonic() + 15.0   # engines shut down asynchronously: give them time
+    forks, sockets = leftovers()
+    while (forks or sockets) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        forks, sockets = leftovers()
+    assert not forks and not sockets, (f"the test session left engine processes {forks} and socket folders "
+                                       f"{sockets} behind")
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 TINY_ARCHS = {

@@ -169,7 +169,11 @@ def test_a_sampler_built_with_a_replaced_part_calls_it_on_the_reference_pipeline
     out = sampler(logits.clone(), build(params, 20, outputs=[[1], [2], [3]])).sampled_token_ids
     assert calls == ["apply_all_penalties", "apply_temperature", "apply_top_k_top_p", "random_sample",
                      "gather_logprobs"]
-    assert all(t in logits[i].topk(2).indices.tolist() for i, t in enumerate(out.tolist()))
+    penalized = logits.clone()   # the presence penalty lowers each row's one output token (1, 2, 3) first
+    for row, token in enumerate([1, 2, 3]):
+        penalized[row, token] -= 0.5
+    assert all(t in penalized[i].topk(2).indices.tolist() for i, t in enumerate(out.tolist())), \
+        (out.tolist(), penalized.topk(2).indices.tolist())
     calls.clear()
     probs = sampler.compute_probs(logits.clone(), build(params, 20, outputs=[[1], [2], [3]]))
     assert calls == ["apply_all_penalties", "apply_temperature", "apply_top_k_top_p"]

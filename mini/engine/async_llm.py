@@ -47,25 +47,34 @@ OpenAI server streams internally with DELTA for that reason.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from mini.config import EngineConfig, engine_config_from_args
+from mini.engine.async_llm_mp import MPAsyncLLM
 from mini.engine.core_client import multiprocessing_enabled
 from mini.engine.exceptions import EngineDeadError, EngineStepError
 from mini.engine.llm_engine import LLMEngine
+from mini.engine.output_collector import (  # re-exported: phase 13 imports them from here
+    FinishedRequestStats,
+    IterationStats,
+    RequestOutputCollector,
+    RequestTiming,
+    StatLogger,
+    merge_delta_outputs,
+    record_output,
+)
 from mini.engine.output_processor import OutputProcessor
 from mini.metrics.stats import SchedulerStats
-from mini.outputs import CompletionOutput, RequestOutput
-from mini.sampling_params import RequestOutputKind, SamplingParams
+from mini.outputs import RequestOutput
+from mini.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -74,65 +83,6 @@ IDLE_POLL_S = 0.05
 
 
 # EngineDeadError, EngineStepError: mini/engine/exceptions.py (vllm/v1/engine/exceptions.py), re-exported here.
-
-
-# ---------------------------------------------------------------------------- output collection
-def merge_delta_outputs(pending: RequestOutput, new: RequestOutput) -> RequestOutput:
-    """Fold a newer DELTA output into an unread one: texts/tokens/logprobs appended per sample index."""
-    by_index: dict[int, CompletionOutput] = {c.index: dataclasses.replace(c, token_ids=list(c.token_ids))
-                                             for c in pending.outputs}
-    for completion in new.outputs:
-        old = by_index.get(completion.index)
-        if old is None:
-            by_index[completion.index] = completion
-            continue
-        logprobs = old.logprobs
-        if completion.logprobs is not None:
-            logprobs = (logprobs or []) + list(completion.logprobs)
-        by_index[completion.index] = dataclasses.replace(
-            completion, text=old.text + completion.text, token_ids=old.token_ids + list(completion.token_ids),
-            logprobs=logprobs)
-    return dataclasses.replace(
-        new, outputs=[by_index[i] for i in sorted(by_index)],
-        prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
-
-
-class RequestOutputCollector:
-    """One request's mailbox (vLLM: RequestOutputCollector): at most one unread output, or an error.
-
-    `put` runs on the event loop (the engine thread schedules it with call_soon_threadsafe); `get`
-    awaits the next output.
-    """
-
-    def __init__(self, output_kind: RequestOutputKind, loop: asyncio.AbstractEventLoop) -> None:
-        self.aggregate = output_kind == RequestOutputKind.DELTA
-        self.loop = loop
-        self.output: RequestOutput | BaseException | None = None
-        self.ready = asyncio.Event()
-
-    def put(self, output: RequestOutput | BaseException) -> None:
-        if isinstance(self.output, BaseException):
-            return  # an error already waits: it is final
-        if self.output is None or isinstance(output, BaseException) or not self.aggregate:
-            self.output = output
-        else:
-            self.output = merge_delta_outputs(self.output, output)
-        self.ready.set()
-
-    def put_threadsafe(self, output: RequestOutput | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.put, output)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-            pass
-
-    async def get(self) -> RequestOutput:
-        while self.output is None:
-            await self.ready.wait()
-        output, self.output = self.output, None
-        self.ready.clear()
-        if isinstance(output, BaseException):
-            raise output
-        return output
 
 
 # ---------------------------------------------------------------------------- vLLM's front-end shape
@@ -226,43 +176,8 @@ class InprocEngineCore:
         return self.step()
 
 
-# ---------------------------------------------------------------------------- statistics
-@dataclass(slots=True)
-class FinishedRequestStats:
-    """One finished request (vLLM: FinishedRequestStats)."""
-
-    request_id: str
-    finish_reason: str | None
-    e2e_latency_s: float
-    num_prompt_tokens: int
-    num_generation_tokens: int
-
-
-@dataclass(slots=True)
-class IterationStats:
-    """What one engine step produced (vLLM: vllm/v1/metrics/stats.py IterationStats)."""
-
-    num_prompt_tokens: int = 0             # prompts of requests that got their first token this step
-    num_generation_tokens: int = 0
-    time_to_first_tokens_s: list[float] = field(default_factory=list)
-    inter_token_latencies_s: list[float] = field(default_factory=list)
-    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _RequestTiming:
-    arrival_time: float
-    output_kind: RequestOutputKind
-    num_tokens: int = 0
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-
-
-StatLogger = Callable[[SchedulerStats, IterationStats], None]
-
-
 # ---------------------------------------------------------------------------- the engine
-class AsyncLLM:
+class AsyncLLM(abc.ABC):
     """`generate()` is an async stream per request. `AsyncLLM(config)` in multiprocess mode (the default) is an
     `MPAsyncLLM` (mini/engine/async_llm_mp.py: AsyncMPClient + output-handler task, vLLM's design); in process
     (`MINI_ENABLE_V1_MULTIPROCESSING=0`, or `AsyncLLM(engine=an LLMEngine)`) an `LLMEngine` driven by a
@@ -270,11 +185,11 @@ class AsyncLLM:
 
     def __new__(cls, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
                 stat_loggers: list[StatLogger] | None = None) -> Any:
-        target = cls
         if cls is AsyncLLM and engine is None and multiprocessing_enabled():
-            from mini.engine.async_llm_mp import MPAsyncLLM
-            target = MPAsyncLLM
-        return super().__new__(target)
+            # vLLM's design, built whole here (it is registered as an AsyncLLM, not a subclass of this
+            # thread design, so Python does not run this class' __init__ on it).
+            return MPAsyncLLM(config, stat_loggers=stat_loggers)
+        return super().__new__(cls)
 
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
                  stat_loggers: list[StatLogger] | None = None) -> None:
@@ -286,8 +201,8 @@ class AsyncLLM:
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._collectors: dict[str, RequestOutputCollector] = {}   # engine thread only
-        self._timings: dict[str, _RequestTiming] = {}              # engine thread only
-        self._aborting: dict[str, tuple[RequestOutputCollector, _RequestTiming | None]] = {}
+        self._timings: dict[str, RequestTiming] = {}              # engine thread only
+        self._aborting: dict[str, tuple[RequestOutputCollector, RequestTiming | None]] = {}
         self._stop = threading.Event()
         self._dead_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run_engine_loop, name="mini-engine-loop", daemon=True)
@@ -410,7 +325,7 @@ class AsyncLLM:
                 future.set_exception(error)
                 return
             self._collectors[request_id] = collector
-            self._timings[request_id] = _RequestTiming(time.monotonic(), params.output_kind)
+            self._timings[request_id] = RequestTiming(time.monotonic(), params.output_kind)
             future.set_result(None)
         elif kind == "abort":
             live = [rid for rid in payload if rid in self._collectors]
@@ -458,25 +373,8 @@ class AsyncLLM:
                     logger.exception("stat logger %r failed", stat_logger)
 
     @staticmethod
-    def _record(output: RequestOutput, timing: _RequestTiming, now: float, iteration: IterationStats) -> None:
-        produced = sum(len(c.token_ids) for c in output.outputs)
-        new_tokens = produced if timing.output_kind == RequestOutputKind.DELTA else produced - timing.num_tokens
-        if new_tokens > 0:
-            if timing.first_token_time is None:
-                timing.first_token_time = now
-                iteration.time_to_first_tokens_s.append(now - timing.arrival_time)
-                iteration.num_prompt_tokens += len(output.prompt_token_ids or [])
-            else:
-                iteration.inter_token_latencies_s.append(now - timing.last_token_time)
-            timing.last_token_time = now
-            timing.num_tokens += new_tokens
-            iteration.num_generation_tokens += new_tokens
-        if output.finished:
-            reasons = {c.finish_reason for c in output.outputs}
-            iteration.finished_requests.append(FinishedRequestStats(
-                request_id=output.request_id, finish_reason=reasons.pop() if len(reasons) == 1 else "mixed",
-                e2e_latency_s=now - timing.arrival_time, num_prompt_tokens=len(output.prompt_token_ids or []),
-                num_generation_tokens=timing.num_tokens))
+    def _record(output: RequestOutput, timing: RequestTiming, now: float, iteration: IterationStats) -> None:
+        record_output(output, timing, now, iteration)
 
     def _fail_in_flight(self, error: BaseException) -> None:
         collectors, self._collectors = self._collectors, {}
@@ -496,3 +394,10 @@ class AsyncLLM:
                 payload[-1].set_exception(EngineDeadError(str(error)))
             elif kind == "stats" and not payload.done():
                 payload.set_exception(EngineDeadError(str(error)))
+
+
+AsyncLLM.register(MPAsyncLLM)   # isinstance(AsyncLLM(config), AsyncLLM) in either mode
+
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError", "FinishedRequestStats", "InprocEngineCore",
+           "IterationStats", "RequestOutputCollector", "StatLogger", "generate_stream", "merge_delta_outputs",
+           "output_handler_step"]

@@ -37,17 +37,17 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from mini.config import EngineConfig
+from mini.config import EngineConfig, engine_config_from_args
 from mini.core.request import RequestStatus
-from mini.engine.async_llm import (
-    AsyncLLM,
-    IterationStats,
-    RequestOutputCollector,
-    StatLogger,
-    _RequestTiming,
-)
 from mini.engine.exceptions import EngineDeadError, EngineStepError
 from mini.engine.llm_engine import LLMEngine
+from mini.engine.output_collector import (
+    IterationStats,
+    RequestOutputCollector,
+    RequestTiming,
+    StatLogger,
+    record_output,
+)
 from mini.metrics.stats import SchedulerStats
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
@@ -55,7 +55,7 @@ from mini.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-class MPAsyncLLM(AsyncLLM):
+class MPAsyncLLM:
     """Front end + AsyncMPClient + an output-handler task (vLLM's AsyncLLM); built by `AsyncLLM(...)`."""
 
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
@@ -69,13 +69,22 @@ class MPAsyncLLM(AsyncLLM):
         self.output_processor = self.engine.output_processor
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         self._collectors: dict[str, RequestOutputCollector] = {}
-        self._timings: dict[str, _RequestTiming] = {}
+        self._timings: dict[str, RequestTiming] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.output_handler: asyncio.Task | None = None
         self._dead_error: BaseException | None = None
         self._stopped = False
 
+    @classmethod
+    def from_engine_args(cls, **engine_args: Any) -> MPAsyncLLM:
+        """MPAsyncLLM(model=..., max_num_seqs=..., ...) with the same arguments as `LLM(...)`."""
+        return cls(engine_config_from_args(**engine_args))
+
     # ------------------------------------------------------------------ state
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
     @property
     def is_running(self) -> bool:
         return not self._stopped and self._dead_error is None
@@ -118,7 +127,7 @@ class MPAsyncLLM(AsyncLLM):
         self._start_output_handler()
         collector = RequestOutputCollector(params.output_kind, self._loop)
         self._collectors[request_id] = collector
-        self._timings[request_id] = _RequestTiming(time.monotonic(), params.output_kind)
+        self._timings[request_id] = RequestTiming(time.monotonic(), params.output_kind)
         try:
             self.engine._queue(request)   # the output processor, then the core (n > 1: each child)
         except BaseException:
@@ -193,7 +202,7 @@ class MPAsyncLLM(AsyncLLM):
         if output.finished:
             self._forget(rid)
         if timing is not None:
-            AsyncLLM._record(output, timing, now, iteration)
+            record_output(output, timing, now, iteration)
         if collector is not None:
             collector.put(output)
 
@@ -233,7 +242,7 @@ class MPAsyncLLM(AsyncLLM):
             collector, timing = self._collectors.get(output.request_id), self._timings.get(output.request_id)
             self._forget(output.request_id)
             if timing is not None:    # counted as finished with reason "abort", as the thread design does
-                AsyncLLM._record(output, timing, now, iteration)
+                record_output(output, timing, now, iteration)
             if collector is not None and not quiet:
                 collector.put(output)
         for rid in request_ids:
