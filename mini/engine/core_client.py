@@ -334,6 +334,15 @@ class MPClient(EngineCoreClient):
         self._finalizer()
 
 
+def step_outputs(outputs: EngineCoreOutputs, failed_requests: dict[str, str]) -> list[EngineCoreOutput]:
+    """A step's `EngineCoreOutput`s; a step that failed records its requests in `failed_requests` and raises
+    EngineStepError (the async clients' `get_output_async`)."""
+    if outputs.failed_requests:
+        failed_requests.update(outputs.failed_requests)
+        raise EngineStepError(next(iter(outputs.failed_requests.values())))
+    return outputs.outputs
+
+
 def _startup_error(pid: int, text: str, pickled: bytes) -> BaseException:
     """The child's start-up error as itself (when it unpickles), with the child's traceback as a note."""
     note = f"raised while starting the engine core (in its process, pid {pid}):\n{text}"
@@ -445,20 +454,8 @@ def _read_outputs_sync(resources: BackgroundResources, outputs_queue: queue.Queu
         while not resources.stop.is_set():
             events = dict(poller.poll(POLL_MS))
             if socket in events:
-                kind, data = socket.recv_multipart()
-                kind = EngineCoreOutputType(kind)
-                if kind is EngineCoreOutputType.DEAD:
-                    _mark_dead(resources, outputs_queue, utility_futures,
-                               f"it hit an unrecoverable error:\n{data.decode()}")
+                if not _handle_output_frame(resources, *socket.recv_multipart(), outputs_queue, utility_futures):
                     return
-                outputs = decode_outputs(data)
-                if message_trace.ON:
-                    message_trace.record("front end", "recv", "OUTPUTS", nbytes=len(data),
-                                         request_ids=message_trace.request_ids_of(outputs))
-                if outputs.utility_output is not None:
-                    _resolve_utility(utility_futures, outputs.utility_output)
-                else:
-                    outputs_queue.put(outputs)
                 continue
             if sentinel in events and not resources.stop.is_set():
                 _mark_dead(resources, outputs_queue, utility_futures, "its process ended unexpectedly")
@@ -466,6 +463,24 @@ def _read_outputs_sync(resources: BackgroundResources, outputs_queue: queue.Queu
     except Exception as error:  # noqa: BLE001  (e.g. the sockets closed under us at shutdown)
         if not resources.stop.is_set():
             _mark_dead(resources, outputs_queue, utility_futures, f"reading its outputs failed: {error!r}")
+
+
+def _handle_output_frame(resources: BackgroundResources, kind: bytes, data: bytes, outputs_queue: Any,
+                         utility_futures: dict[int, Any]) -> bool:
+    """One message from the core, for the sync output thread and the async reader alike: a step's outputs to
+    the queue, a utility call's result to its future, DEAD to every waiter -> False once the core is dead."""
+    if EngineCoreOutputType(kind) is EngineCoreOutputType.DEAD:
+        _mark_dead(resources, outputs_queue, utility_futures, f"it hit an unrecoverable error:\n{data.decode()}")
+        return False
+    outputs = decode_outputs(data)
+    if message_trace.ON:
+        message_trace.record("front end", "recv", "OUTPUTS", nbytes=len(data),
+                             request_ids=message_trace.request_ids_of(outputs))
+    if outputs.utility_output is not None:
+        _resolve_utility(utility_futures, outputs.utility_output)
+    else:
+        outputs_queue.put_nowait(outputs)   # queue.Queue and asyncio.Queue both have it, and neither is bounded
+    return True
 
 
 def _mark_dead(resources: BackgroundResources, outputs_queue: Any, utility_futures: dict[int, Future],
@@ -547,11 +562,7 @@ class AsyncMPClient(MPClient):
 
     async def get_output_async(self) -> list[EngineCoreOutput]:
         """The next step's outputs; a step that failed raises EngineStepError for its requests."""
-        outputs = await self.outputs_async()
-        if outputs.failed_requests:
-            self.failed_requests.update(outputs.failed_requests)
-            raise EngineStepError(next(iter(outputs.failed_requests.values())))
-        return outputs.outputs
+        return step_outputs(await self.outputs_async(), self.failed_requests)
 
     async def call_utility_async(self, method: str, *args: Any) -> Any:
         self._ensure_started()
@@ -580,19 +591,8 @@ class AsyncMPClient(MPClient):
 async def _read_outputs_async(resources: BackgroundResources, socket: zmq.asyncio.Socket,
                               outputs_queue: asyncio.Queue, utility_futures: dict[int, asyncio.Future]) -> None:
     while not resources.stop.is_set():
-        kind, data = await socket.recv_multipart()
-        kind = EngineCoreOutputType(kind)
-        if kind is EngineCoreOutputType.DEAD:
-            _mark_dead(resources, outputs_queue, utility_futures, f"it hit an unrecoverable error:\n{data.decode()}")
+        if not _handle_output_frame(resources, *await socket.recv_multipart(), outputs_queue, utility_futures):
             return
-        outputs = decode_outputs(data)
-        if message_trace.ON:
-            message_trace.record("front end", "recv", "OUTPUTS", nbytes=len(data),
-                                 request_ids=message_trace.request_ids_of(outputs))
-        if outputs.utility_output is not None:
-            _resolve_utility(utility_futures, outputs.utility_output)
-        else:
-            outputs_queue.put_nowait(outputs)
 
 
 def _watch_child(resources: BackgroundResources, loop: asyncio.AbstractEventLoop, outputs_queue: asyncio.Queue,

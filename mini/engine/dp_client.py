@@ -46,9 +46,9 @@ from typing import Any
 
 from mini.config import EngineConfig
 from mini.engine import EngineCoreOutput, EngineCoreRequest
-from mini.engine.core_client import SyncMPClient
+from mini.engine.core_client import SyncMPClient, step_outputs
 from mini.engine.dp_routing import DPLoadBalancer
-from mini.engine.exceptions import EngineDeadError, EngineStepError
+from mini.engine.exceptions import EngineDeadError
 from mini.engine.serial_utils import EngineCoreOutputs
 from mini.metrics.stats import SchedulerStats
 from mini.roles import Choices, choose
@@ -318,11 +318,7 @@ class DPAsyncMPClient(_DPClient):
 
     async def get_output_async(self) -> list[EngineCoreOutput]:
         """The next step's outputs of any core; a step that failed raises EngineStepError for its requests."""
-        outputs = await self.outputs_async()
-        if outputs.failed_requests:
-            self.failed_requests.update(outputs.failed_requests)
-            raise EngineStepError(next(iter(outputs.failed_requests.values())))
-        return outputs.outputs
+        return step_outputs(await self.outputs_async(), self.failed_requests)
 
     async def add_request_async(self, request: EngineCoreRequest) -> int:
         self._ensure_started()

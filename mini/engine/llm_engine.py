@@ -81,7 +81,12 @@ class LLMEngine:
         self.vocab_size = int(info["vocab_size"])
         self.max_request_len = int(info["max_request_len"])
         self.num_usable_tokens = int(info["num_usable_tokens"])
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model_dir)
+        if config.skip_tokenizer_init:
+            self.tokenizer = None
+        elif self.engine_core.is_multiprocess:   # the core's process loaded its own
+            self.tokenizer = load_tokenizer(config.model_dir)
+        else:                                    # one tokenizer for the front end and the in-process core
+            self.tokenizer = self.engine_core.engine_core.tokenizer
         self.eos_token_id = info["eos_token_id"]     # the tokenizer's, else the checkpoint config's
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, config.max_model_len,
                                               self.eos_token_id)

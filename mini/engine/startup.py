@@ -52,6 +52,7 @@ from mini.attention.metadata import build_attention_metadata
 from mini.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from mini.core.block_pool import usable_blocks
 from mini.model.llama import DecoderConfig
+from mini.model.parallel_linear import kv_head_partition
 from mini.utils import cdiv
 from mini.worker.prepare_inputs import prepare_inputs
 
@@ -80,7 +81,8 @@ def kv_bytes_per_block(config: EngineConfig, hf_config: Any, tensor_parallel_siz
     (this rank's share of them) x head_size x element size (vLLM: `AttentionSpec.page_size_bytes`)."""
     model_config = DecoderConfig.from_hf_config(hf_config)
     element_size = torch.empty((), dtype=config.torch_dtype).element_size()
-    kv_heads = max(1, model_config.num_key_value_heads // tensor_parallel_size)  # fewer than ranks: replicated
+    # This rank's KV heads (every rank holds as many; fewer heads than ranks: replicated), as the model builds them.
+    kv_heads = kv_head_partition(model_config.num_key_value_heads, tensor_parallel_size, 0).num_kv_heads
     return 2 * model_config.num_hidden_layers * config.block_size * kv_heads * model_config.head_dim * element_size
 
 
