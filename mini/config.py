@@ -83,7 +83,7 @@ class EngineConfig:
     max_cudagraph_capture_size: int | None = field(default=None, metadata={
         "help": "largest decode batch captured as a CUDA graph (default: min(max_num_seqs, 512))"})
     # torch.compile of the model's forward (mini/compilation.py): an int mode or {"mode": N}, as vLLM's
-    # compilation_config; None or 0: eager (mini's default), 3: compiled, split at attention.
+    # compilation_config; None or 0: eager (mini's default), 3: one inductor graph, attention an opaque op.
     compilation_config: int | dict | None = field(default=None, metadata={
         "help": "torch.compile of the forward: a mode (0: eager, 3: compiled) or JSON {\"mode\": N}"})
     device: str = field(default="cpu", metadata={"help": "'cpu' or 'cuda[:N]'"})
@@ -166,7 +166,10 @@ class EngineConfig:
                 f"max_cudagraph_capture_size must be None or an int in [1, max_num_seqs={self.max_num_seqs}] "
                 f"(a decode batch never holds more than max_num_seqs requests), got {self.max_cudagraph_capture_size!r}"
             )
-        parse_compilation_mode(self.compilation_config)   # a bad value raises ValueError naming the modes
+        mode = parse_compilation_mode(self.compilation_config)   # a bad value raises ValueError naming the modes
+        if mode != CompilationMode.NONE and self.tensor_parallel_size > 1:
+            raise ValueError(f"compilation_config mode {int(mode)} is not supported with tensor_parallel_size > 1 "
+                             "in mini (its collectives are not traceable); use compilation_config=0")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.seed, int):

@@ -29,7 +29,7 @@ INPROC_TEST_PREFIXES = ("test_course_", "test_views_")
 INPROC_TEST_FILES = frozenset({
     "test_async_scheduling", "test_core_prefix_cache_fidelity", "test_core_prefix_caching",
     "test_core_scheduler", "test_core_scheduler_roles", "test_core_spec_rollback", "test_engine_api",
-    "test_engine_async_llm", "test_engine_detokenizer_roles", "test_engine_exactness", "test_engine_shipped",
+    "test_engine_async_llm", "test_engine_compile", "test_engine_detokenizer_roles", "test_engine_exactness", "test_engine_shipped",
     "test_engine_spec_decode", "test_engine_startup_sizing", "test_engine_step_observer",
     "test_entry_beam_search", "test_import_graph", "test_model_smollm2", "test_runner_host_syncs",
     "test_runner_roles", "test_runner_sampling_metadata_reuse", "test_structured_output_engine",

@@ -1,15 +1,20 @@
-"""`compilation_config` (mini/compilation.py, as vLLM's): bad values are refused naming the modes; mode 3 compiles
-the model's forward once for a symbolic token count, split at attention, and greedy output stays token-identical
-to eager across steps of different batch sizes, without compiling again."""
+"""`compilation_config` (mini/compilation.py, as vLLM's): bad values are refused naming the modes; mode 3 traces the
+model's forward ONCE for a symbolic token count, with no graph break (attention is the opaque op
+`mini::unified_attention`, reading the forward context), and greedy output stays token-identical to eager across
+steps of every batch size, one-token steps included, without compiling again.
+
+The engines here run in process (tests/conftest.py INPROC_TEST_FILES): Dynamo's counters are this process's."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from torch._dynamo.utils import counters
 
 from mini import LLM, SamplingParams
 from mini.compilation import CompilationMode, parse_compilation_mode
 from mini.config import EngineConfig
+from mini.forward_context import get_forward_context
 
 
 @pytest.mark.parametrize("bad", [1, 2, 4, "3", True, {"mode": 1}, {"level": 3}])
@@ -24,16 +29,51 @@ def test_modes_as_vllm_numbers_them(value, mode):
     assert EngineConfig(compilation_config=value).compilation_mode == mode
 
 
-def test_compiled_greedy_output_is_token_identical_and_compiles_once():
+def test_compilation_with_tensor_parallelism_is_refused():
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        EngineConfig(compilation_config=3, tensor_parallel_size=2)
+
+
+def test_the_attention_op_outside_a_forward_names_the_context():
+    with pytest.raises(RuntimeError, match="set_forward_context"):
+        get_forward_context()
+    query = torch.zeros(2, 6, 32)
+    with pytest.raises(RuntimeError, match="set_forward_context"):
+        torch.ops.mini.unified_attention(query, query[:, :2], query[:, :2], 0, 1.0)
+
+
+@pytest.mark.parametrize("attention_backend", [None, "torch"])
+def test_compiled_greedy_output_is_token_identical_and_traced_once(attention_backend):
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40)]
     later = [{"prompt_token_ids": list(range(50, 50 + n))} for n in (9, 2, 33, 21, 60)]
+    alone = [{"prompt_token_ids": list(range(7, 12))}]   # a lone request: its decode steps hold ONE token
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    eager = LLM(max_num_batched_tokens=32)          # chunked prefill: steps of many different sizes
-    compiled = LLM(max_num_batched_tokens=32, compilation_config=3)
-    expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
-    assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params, use_tqdm=False)] == expected
-    graphs_after_first_run = counters["stats"]["unique_graphs"]
-    assert graphs_after_first_run > 0                 # it really compiled
-    expected = [o.outputs[0].token_ids for o in eager.generate(later, params, use_tqdm=False)]
-    assert [o.outputs[0].token_ids for o in compiled.generate(later, params, use_tqdm=False)] == expected
-    assert counters["stats"]["unique_graphs"] == graphs_after_first_run, "a new batch size compiled again"
+    engine_args = {"max_num_batched_tokens": 32, "attention_backend": attention_backend}  # chunked: many sizes
+    torch._dynamo.reset()   # what an earlier test compiled (the same function, the same shapes) would be reused
+    eager = LLM(**engine_args)
+    compiled = LLM(compilation_config=3, **engine_args)
+    graphs_before, breaks_before = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    for batch in (prompts, later, alone):
+        expected = [o.outputs[0].token_ids for o in eager.generate(batch, params, use_tqdm=False)]
+        assert [o.outputs[0].token_ids for o in compiled.generate(batch, params, use_tqdm=False)] == expected
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1, \
+        "the forward must be traced once: a new batch size (or the one-token step) compiled again"
+    assert sum(counters["graph_break"].values()) == breaks_before, f"graph breaks: {dict(counters['graph_break'])}"
+
+
+def test_engines_of_one_architecture_compile_to_one_graph_but_keep_their_own_weights():
+    """Dynamo reuses a graph for a second engine of the same shapes (the weights are graph inputs, not constants):
+    each engine must still run its own weights."""
+    from mini.bench.gpu import random_weights_copy
+    from mini.model.registry import SHIPPED_MODEL_DIR
+
+    other = random_weights_copy(str(SHIPPED_MODEL_DIR), seed=1)
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    compiled = {model: LLM(model=model, compilation_config=3) for model in (None, other)}
+    outputs = {}
+    for model, llm in compiled.items():
+        expected = [o.outputs[0].token_ids for o in LLM(model=model).generate(prompts, params, use_tqdm=False)]
+        outputs[model] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert outputs[model] == expected, f"compiled engine of model {model} differs from eager"
+    assert outputs[None] != outputs[other], "the two models' weights should give different tokens"

@@ -310,6 +310,16 @@ def test_an_engine_replacing_a_forward_part_captures_nothing(tiny_llama_dir, mon
     assert runner.num_replays > 0
 
 
+def test_a_compiled_forward_is_captured_and_replayed_token_identically(tiny_llama_dir, monkeypatch):
+    """compilation_config=3 under the graph stand-in: the compiled forward (attention an opaque op reading the
+    forward context) runs inside capture and replay, on padded batches, and gives eager's tokens."""
+    expected = greedy(build_llm(tiny_llama_dir, "torch", stand_in=False, monkeypatch=monkeypatch))
+    llm = build_llm(tiny_llama_dir, "torch", stand_in=True, monkeypatch=monkeypatch, compilation_config=3)
+    runner = llm.llm_engine.model_runner.cuda_graph_runner
+    assert greedy(llm) == expected
+    assert runner.num_replays > 0 and runner.num_padded_replays > 0
+
+
 def test_enforce_eager_captures_nothing_even_with_a_graph_class(tiny_llama_dir, monkeypatch):
     llm = build_llm(tiny_llama_dir, "torch_fast", stand_in=True, monkeypatch=monkeypatch, enforce_eager=True)
     assert llm.llm_engine.model_runner.cuda_graph_runner is None
@@ -329,6 +339,20 @@ def test_cuda_graphs_match_enforce_eager_with_triton(tiny_llama_dir, monkeypatch
     assert runner is not None and runner.graph_cls is cuda_graph.CudaGraph and runner.capture_sizes == [1, 2, 4, 8]
     assert greedy(llm) == expected
     assert runner.num_replays > 0 and runner.num_padded_replays > 0
+
+
+@cuda_only
+def test_cuda_graphs_of_the_compiled_forward_match_enforce_eager(tiny_llama_dir, monkeypatch):
+    """torch.compile (inductor's Triton kernels around mini::unified_attention) captured in real CUDA graphs."""
+    eager = build_llm(tiny_llama_dir, "triton", stand_in=False, monkeypatch=monkeypatch, enforce_eager=True,
+                      device="cuda")
+    expected = greedy(eager)
+    llm = build_llm(tiny_llama_dir, "triton", stand_in=False, monkeypatch=monkeypatch, device="cuda",
+                    compilation_config=3)
+    runner = llm.llm_engine.model_runner.cuda_graph_runner
+    assert runner is not None and runner.graph_cls is cuda_graph.CudaGraph
+    assert greedy(llm) == expected
+    assert runner.num_replays > 0
 
 
 @cuda_only

@@ -1,8 +1,9 @@
 """`python -m mini bench compile`: torch.compile (`compilation_config=3`, mini/compilation.py) against eager.
 
 Mirrors what vLLM reports at start-up ("torch.compile takes N s in total") and what its compilation is for:
-the same engine and workload (`bench engine`'s: prompt windows of the stdlib corpus, greedy, EOS ignored),
-once with the model's forward compiled and once eager, alternating round by round. Printed: the compile seconds
+the forward traced once, attention an opaque op, inductor over the rest. The same engine and workload
+(`bench engine`'s: prompt windows of the stdlib corpus, greedy, EOS ignored), once with the model's forward
+compiled and once eager, alternating round by round, both engine cores in this process. Printed: the compile seconds
 (the first compiled run minus an eager run of the same warm-up), output tokens per second of each as median
 (min-max), and whether the greedy outputs are token-identical. Last line:
 `compile_speedup=X.XX compile_seconds=Y.Y identical=True|False`.
@@ -11,6 +12,7 @@ once with the model's forward compiled and once eager, alternating round by roun
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -33,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Both engine cores in this process, on this process's threads (a child core takes one thread fewer).
+    os.environ["MINI_ENABLE_V1_MULTIPROCESSING"] = "0"
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

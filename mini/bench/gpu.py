@@ -39,7 +39,8 @@ GPU_TESTS = [
     "tests/test_triton_paged.py",             # store_kv, paged decode, paged prefill vs the reference
     "tests/test_structured_output_triton.py",  # the grammar bitmask kernel
     "tests/test_triton_engine.py",            # the engine on the Triton backend, token-exact
-    "tests/test_worker_cuda_graph.py",        # capture + replay == eager (3 tests run only with CUDA)
+    "tests/test_worker_cuda_graph.py",        # capture + replay == eager, compiled too (4 tests only with CUDA)
+    "tests/test_engine_compile.py",           # torch.compile: one trace, token-identical
     "tests/test_triton_compile.py",           # Triton's real compiler for the H100 target
 ]
 # (name, [(new query tokens, context length incl. them) per request]): engine-step shapes on a GPU.

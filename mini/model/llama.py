@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from mini.attention import build_attention_backend
+from mini.attention.unified_attention import unified_attention
 from mini.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -195,6 +196,9 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.backend = backend
+        # Set by mini/compilation.py for a compiled forward: attention then runs as one opaque op that reads the
+        # step's metadata and this layer's cache from the forward context (vLLM: `unified_attention_with_output`).
+        self.use_attention_op = False
         self.apply_rotary = ops.apply_rotary
         hidden = config.hidden_size
         q_size, kv_size = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
@@ -224,8 +228,11 @@ class LlamaAttention(nn.Module):
             query, key = self.q_norm(query), self.k_norm(key)
         cos, sin = cos_sin
         query, key = self.apply_rotary(query, cos, sin), self.apply_rotary(key, cos, sin)
-        self.backend.store_kv(key, value, kv_cache, attn_metadata.slot_mapping)
-        out = self.backend.paged_attention(query, kv_cache, attn_metadata, self.scaling)
+        if self.use_attention_op:
+            out = unified_attention(query, key, value, self.layer_idx, self.scaling)
+        else:
+            self.backend.store_kv(key, value, kv_cache, attn_metadata.slot_mapping)
+            out = self.backend.paged_attention(query, kv_cache, attn_metadata, self.scaling)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
