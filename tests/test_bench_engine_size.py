@@ -27,3 +27,13 @@ def test_a_real_model_runs_fewer_prompts_of_the_same_shape():
 def test_explicit_sizes_win():
     args = parsed("--model", "x", "--num-prompts", "3", "--rounds", "5")
     assert (args.num_prompts, args.rounds) == (3, 5)
+
+
+def test_compilation_mode_is_mini_s_two_modes(capsys):
+    import pytest
+
+    assert parsed().compilation_config is None            # the engine's default (eager)
+    assert parsed("-O", "3").compilation_config == 3
+    with pytest.raises(SystemExit):
+        parsed("-O", "2")                                 # vLLM's mode 2: mini does not have it
+    assert "invalid choice" in capsys.readouterr().err

@@ -16,6 +16,7 @@ with its spread (min-max). The first line names the machine, the torch threads a
 `--peer llamacpp` compares with llama.cpp instead of transformers (mini/bench/llamacpp.py; last line
 `speedup_vs_llamacpp=X.XX ttft_ratio=Y.YY`). `--device cuda --dtype bfloat16` runs both on a GPU
 (`--enforce-eager`: mini without CUDA graphs).
+`-O 3` compiles mini's forward (`compilation_config=3`; its compile time falls in the warm-up, outside the rounds).
 `--baseline-attention-backend torch` adds a third system to every round, mini with the readable phase 03
 attention (mini/attention/reference.py) instead of the CPU default, to show what the fast path buys.
 
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="default float32 on cpu, bfloat16 on cuda (both systems)")
     parser.add_argument("--enforce-eager", action="store_true", help="mini without CUDA graphs")
+    parser.add_argument("-O", "--compilation-config", type=int, default=None, choices=(0, 3),
+                        help="mini's compilation mode (mini/compilation.py; default: the engine's, 0 = eager)")
     return parser
 
 
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine_args = {"model": args.model, "max_num_seqs": args.max_num_seqs, "device": args.device, "dtype": dtype,
                    "max_num_batched_tokens": args.max_num_batched_tokens, "seed": args.seed,
-                   "enforce_eager": args.enforce_eager}
+                   "enforce_eager": args.enforce_eager, "compilation_config": args.compilation_config}
     llm = LLM(attention_backend=args.attention_backend, **engine_args)
     baseline = None
     if args.baseline_attention_backend is not None:
