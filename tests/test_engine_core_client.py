@@ -58,6 +58,27 @@ def _request(processor: InputProcessor, request_id: str, prompt: str, max_tokens
     return processor.process(request_id, prompt, params, arrival_time=0.0)
 
 
+def test_the_core_keeps_a_thread_for_a_front_end_that_works_while_it_steps(monkeypatch):
+    """`LLM`'s core (a SyncMPClient from make_client) takes every torch thread: its front end waits while it steps.
+    The server's (AsyncMPClient) and a data-parallel core keep one for the front end (at least 1 for the core)."""
+    import torch
+
+    from mini.engine import core_client
+
+    monkeypatch.delenv(core_client.ENV_CORE_THREADS, raising=False)
+    threads = torch.get_num_threads()
+    assert core_client._torch_threads(0) == threads
+    assert core_client._torch_threads(1) == max(1, threads - 1)
+    asked: list[int] = []
+    real = core_client._torch_threads
+    monkeypatch.setattr(core_client, "_torch_threads", lambda keep=1: asked.append(keep) or real(keep))
+    for asyncio_mode in (False, True):
+        EngineCoreClient.make_client(True, asyncio_mode, CONFIG).shutdown()
+    assert asked == [0, 1]
+    monkeypatch.setenv(core_client.ENV_CORE_THREADS, "3")
+    assert real(0) == real(1) == 3
+
+
 def test_async_mp_client_under_phase13_output_handler(greedy_reference):
     """vLLM's AsyncLLM shape over a real child-process core: output handler task + per-request streams;
     a consumer that goes away aborts its request, whose blocks the core frees."""

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Both engine cores in this process, on this process's threads (a child core takes one thread fewer).
+    # Both engine cores in this process, on this process's threads (two child cores would share them).
     os.environ["MINI_ENABLE_V1_MULTIPROCESSING"] = "0"
     args = build_parser().parse_args(argv)
     if args.threads:

@@ -23,7 +23,8 @@ kernels would hang the child in its first OpenMP region (measured here); the chi
 a fresh thread (mini/engine/core_proc.py; tests/test_engine_core_proc.py forks after parent-side kernels).
 With spawn the parts must be picklable: `make_client` checks before starting and names the switch if not.
 Measured on this 2-core machine (loaded): fork 0.04 s to a running child, spawn 5-6 s (it re-imports torch,
-transformers and mini). The child gets one torch thread fewer than the parent (`_torch_threads`).
+transformers and mini). The child gets the parent's torch threads, less one where the front end works while the
+core steps (the server, data parallelism; `_torch_threads`).
 
 Death and shutdown: the client's output thread polls the output socket *and* the child's sentinel (a pipe that
 becomes readable when the process ends, vLLM's `MPClientEngineMonitor`), so a child killed with SIGKILL fails
@@ -122,7 +123,8 @@ class EngineCoreClient:
                                  "asyncio callers use mini.engine.async_llm.InprocEngineCore")
             return AsyncMPClient(config, choices)
         if multiprocess_mode:
-            return SyncMPClient(config, choices)
+            # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread.
+            return SyncMPClient(config, choices, front_end_threads=0)
         return InprocClient(config, choices)
 
     is_multiprocess = False
@@ -240,7 +242,8 @@ class MPClient(EngineCoreClient):
 
     is_multiprocess = True
 
-    def __init__(self, config: EngineConfig, choices: Choices | None, asyncio_mode: bool) -> None:
+    def __init__(self, config: EngineConfig, choices: Choices | None, asyncio_mode: bool,
+                 front_end_threads: int = 1) -> None:
         method = start_method()
         if method == "spawn":
             _check_picklable(config, choices)
@@ -260,7 +263,8 @@ class MPClient(EngineCoreClient):
         mp_context = multiprocessing.get_context(method)
         resources.proc = mp_context.Process(
             target=run_engine_core, name="mini-engine-core",
-            args=(config, choices, input_address, output_address, resources.socket_dir, _torch_threads()))
+            args=(config, choices, input_address, output_address, resources.socket_dir,
+                  _torch_threads(front_end_threads)))
         try:
             resources.proc.start()
             self.startup = self._wait_for_handshake()
@@ -356,12 +360,17 @@ def _startup_error(pid: int, text: str, pickled: bytes) -> BaseException:
     return error
 
 
-def _torch_threads() -> int:
-    """The engine core's torch threads: this process's count less one, kept for the front end (at least 1);
-    `MINI_ENGINE_CORE_THREADS` overrides. Two processes with torch's OpenMP pool each as wide as the CPU
-    oversubscribe it, and OpenMP's spinning barriers then stall: measured on 2 cores, 64 streaming clients
-    of the server took 48 s with 2 core threads, 5.6 s with 1, 8.2 s in process. (vLLM's CPU backend also
-    keeps cores back from its OpenMP threads for the front end.)"""
+def _torch_threads(front_end_threads: int = 1) -> int:
+    """The engine core's torch threads: this process's count less `front_end_threads` (at least 1);
+    `MINI_ENGINE_CORE_THREADS` overrides.
+
+    A front end that works while the core steps (the server's asyncio loop, `AsyncMPClient`; a data-parallel
+    core) keeps one: two processes with torch's OpenMP pool each as wide as the CPU oversubscribe it, and
+    OpenMP's spinning barriers then stall. Measured on 2 cores, 64 streaming clients of the server took 48 s
+    with 2 core threads, 5.6 s with 1, 8.2 s in process. (vLLM's CPU backend keeps cores back from its OpenMP
+    threads the same way, vllm/utils/ompmultiprocessing.py.) `LLM`'s front end waits while the core steps,
+    so `make_client` gives that core every thread: `LLM.generate` of `python -m mini bench`'s workload ran at
+    1,684-1,795 output tok/s with 1 core thread, 1,925-2,128 with 2, 1,880-2,012 in process (2 cores)."""
     forced = os.environ.get(ENV_CORE_THREADS)
     if forced:
         if not forced.isdigit() or int(forced) < 1:
@@ -369,7 +378,7 @@ def _torch_threads() -> int:
         return int(forced)
     import torch
 
-    return max(1, torch.get_num_threads() - 1)
+    return max(1, torch.get_num_threads() - front_end_threads)
 
 
 def _check_picklable(config: EngineConfig, choices: Choices | None) -> None:
@@ -401,8 +410,8 @@ class SyncMPClient(MPClient):
     their caller's future, and the child's end (its sentinel becoming readable) to both as EngineDeadError.
     """
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
-        super().__init__(config, choices, asyncio_mode=False)
+    def __init__(self, config: EngineConfig, choices: Choices | None = None, front_end_threads: int = 1) -> None:
+        super().__init__(config, choices, asyncio_mode=False, front_end_threads=front_end_threads)
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         self._utility_futures: dict[int, Future] = {}
         thread = threading.Thread(target=_read_outputs_sync,
