@@ -367,8 +367,9 @@ def _torch_threads(front_end_threads: int = 1) -> int:
     A front end that works while the core steps (the server's asyncio loop, `AsyncMPClient`; a data-parallel
     core) keeps one: two processes with torch's OpenMP pool each as wide as the CPU oversubscribe it, and
     OpenMP's spinning barriers then stall. Measured on 2 cores, 64 streaming clients of the server took 48 s
-    with 2 core threads, 5.6 s with 1, 8.2 s in process. (vLLM's CPU backend keeps cores back from its OpenMP
-    threads the same way, vllm/utils/ompmultiprocessing.py.) `LLM`'s front end waits while the core steps,
+    with 2 core threads, 5.6 s with 1, 8.2 s in process. (vLLM's CPU backend keeps a core back from its OpenMP
+    threads in every case, vllm/utils/ompmultiprocessing.py, for its engine-core process; there a separate worker
+    process runs the model.) `LLM`'s front end waits while the core steps,
     so `make_client` gives that core every thread: `LLM.generate` of `python -m mini bench`'s workload ran at
     1,684-1,795 output tok/s with 1 core thread, 1,925-2,128 with 2, 1,880-2,012 in process (2 cores)."""
     forced = os.environ.get(ENV_CORE_THREADS)
