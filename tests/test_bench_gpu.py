@@ -51,3 +51,27 @@ def test_random_weights_copy_keeps_the_architecture_and_tokenizer(tmp_path):
     llm = LLM(model=folder, dtype="float32")
     out = llm.generate(["def main("], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_a_report_cut_short_still_names_what_ran(tmp_path):
+    """The report is written after every step, so a run stopped by a time limit keeps its finished figures."""
+    import json
+
+    partial = {"device": "GPU X", "machine": "machine: test",
+               "tests": {"command": "pytest", "tests": 3, "failures": 1, "errors": 0, "skipped": 0,
+                         "failed": ["tests.t::bad"]}}
+    gpu.write_report(tmp_path, partial)
+    text = (tmp_path / "report.md").read_text()
+    assert "# mini on GPU X" in text and "3 tests, 1 failures" in text and "tests.t::bad" in text
+    assert "(not run yet)" in text and "still running" in text
+    assert json.loads((tmp_path / "report.json").read_text()) == partial
+    partial.update(kernels=[], model="m", engine={"cuda graphs": {"command": "bench", "figures": {"x": "1"},
+                                                                 "stderr_tail": []}}, seconds=12.0)
+    gpu.write_report(tmp_path, partial)
+    text = (tmp_path / "report.md").read_text()
+    assert "- cuda graphs: `bench` -> {'x': '1'}" in text and "Total: 12 s" in text
+
+
+def test_its_parser_can_skip_each_timing():
+    args = gpu.build_parser().parse_args(["--skip-kernels", "--skip-compile", "--skip-tests"])
+    assert args.skip_kernels and args.skip_compile and args.skip_tests

