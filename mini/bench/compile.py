@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     num_prompts = args.num_prompts or (64 if args.model is None else 8)
     common = {"model": args.model, "device": args.device, "dtype": dtype, "max_num_seqs": 64,
               "max_num_batched_tokens": 1024}
+    if args.device.startswith("cuda"):
+        # Two engines in one process: vLLM's default budget (0.92 of the card) would give the first engine's KV
+        # cache all of it and leave the second none. A fixed 2 GiB each holds this workload many times over.
+        common["kv_cache_memory_bytes"] = 2 << 30
     eager = LLM(**common)
     compiled = LLM(compilation_config=3, **common)
     workload = make_workload(eager.get_tokenizer(), num_prompts, tuple(args.prompt_len), tuple(args.output_len), 0)
