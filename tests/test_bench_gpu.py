@@ -75,3 +75,14 @@ def test_a_report_cut_short_still_names_what_ran(tmp_path):
 def test_its_parser_can_skip_each_timing():
     args = gpu.build_parser().parse_args(["--skip-kernels", "--skip-compile", "--skip-tests"])
     assert args.skip_kernels and args.skip_compile and args.skip_tests
+
+
+def test_a_test_run_cut_short_says_how_far_it_got():
+    log = ("tests/test_a.py::test_one PASSED                 [ 33%]\n"
+           "tests/test_a.py::test_two[x-1] FAILED            [ 66%]\n"
+           "tests/test_b.py::test_three SKIPPED (no CUDA)    [ 99%]\n"
+           "tests/test_b.py::test_four ")
+    assert gpu.progress_of_verbose_log(log) == {"passed_so_far": 1, "skipped_so_far": 1,
+                                                "failed_so_far": ["tests/test_a.py::test_two[x-1]"],
+                                                "last_finished": "tests/test_b.py::test_three"}
+    assert gpu.progress_of_verbose_log("")["last_finished"] is None

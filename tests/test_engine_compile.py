@@ -77,3 +77,20 @@ def test_engines_of_one_architecture_compile_to_one_graph_but_keep_their_own_wei
         outputs[model] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert outputs[model] == expected, f"compiled engine of model {model} differs from eager"
     assert outputs[None] != outputs[other], "the two models' weights should give different tokens"
+
+
+def test_bench_compile_times_both_engines_and_compares_their_tokens(capsys, monkeypatch):
+    """`python -m mini bench compile` on a tiny workload: each engine's build is timed apart (on a GPU the
+    CUDA-graph capture compiles there, so a run cut short still says which build it was in), and the last line
+    carries the speedup, the compile seconds and whether the greedy tokens agree."""
+    import re
+
+    from mini.bench import compile as bench_compile
+
+    monkeypatch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "0")   # main() sets it; restored after the test
+    argv = ["--num-prompts", "2", "--prompt-len", "4", "8", "--output-len", "2", "3", "--rounds", "1"]
+    assert bench_compile.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.index("eager engine built in") < out.index("compiled engine built in") < out.index("round 0:")
+    assert re.fullmatch(r"compile_speedup=\d+\.\d\d compile_seconds=-?\d+\.\d identical=True",
+                        out.strip().splitlines()[-1])
