@@ -86,3 +86,27 @@ def test_a_test_run_cut_short_says_how_far_it_got():
                                                 "failed_so_far": ["tests/test_a.py::test_two[x-1]"],
                                                 "last_finished": "tests/test_b.py::test_three"}
     assert gpu.progress_of_verbose_log("")["last_finished"] is None
+
+
+def test_each_engine_step_is_a_command_its_benchmark_accepts():
+    """The GPU machine is lent rarely: a step whose options its benchmark refuses would cost a run there."""
+    import importlib
+
+    from mini.__main__ import BENCHMARKS
+
+    runs = gpu.engine_runs(gpu.build_parser().parse_args([]))
+    assert [mode for _, _, mode in runs] == ["", "compile", "async_scheduling", ""]
+    for _, extra, mode in runs:
+        command = gpu.bench_command("/models/m", extra, 64, mode)
+        options = command[5:] if mode else command[4:]
+        args = importlib.import_module(BENCHMARKS[mode or "engine"]).build_parser().parse_args(options)
+        assert (args.model, args.device, args.dtype, args.rounds) == ("/models/m", "cuda", "bfloat16", 3)
+    skipped = gpu.engine_runs(gpu.build_parser().parse_args(["--skip-compile", "--skip-async"]))
+    assert [label for label, _, _ in skipped] == ["cuda graphs", "enforce_eager"]
+
+
+def test_bench_async_scheduling_runs_from_the_command_line(capsys):
+    assert cli(["bench", "async_scheduling", "--requests", "2", "--output-len", "3", "--prompt-len", "4",
+                "--rounds", "1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("sync_ms_per_step=") and "async_speedup=" in last

@@ -11,7 +11,8 @@ runs while the worker thread computes the next forward. On a CPU both share the 
 at most that host work (about 1-2 ms of a ~20 ms step on the shipped model at batch 16) and shrinks when the
 cores are busy; on a GPU the forward runs on the device and the whole host time per step is hidden.
 
-    python -m mini.bench.async_scheduling [--requests 16] [--output-len 64] [--rounds 3] [--multiprocess]
+    python -m mini bench async_scheduling [--requests 16] [--output-len 64] [--rounds 3] [--multiprocess]
+                                          [--device cuda --dtype bfloat16]
 Last line: `sync_ms_per_step=X async_ms_per_step=Y saved_ms_per_step=Z async_speedup=S` (medians).
 """
 
@@ -71,16 +72,30 @@ def run(num_requests: int = 16, output_len: int = 64, prompt_len: int = 32, roun
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mini bench async_scheduling",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default=None)
     parser.add_argument("--multiprocess", action="store_true", help="the engine core in a child process")
-    args = parser.parse_args(argv)
-    result = run(args.requests, args.output_len, args.prompt_len, args.rounds, args.model, args.multiprocess)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    engine_args: dict[str, Any] = {"device": args.device}
+    if args.dtype:
+        engine_args["dtype"] = args.dtype
+    if args.device.startswith("cuda"):
+        # Two engines on one card: vLLM's default budget (0.92 of the card) would leave the second no KV cache.
+        engine_args["kv_cache_memory_bytes"] = 2 << 30
+    result = run(args.requests, args.output_len, args.prompt_len, args.rounds, args.model, args.multiprocess,
+                 **engine_args)
     for mode in ("sync", "async"):
         low, high = result["spread_ms_per_step"][mode]
         print(f"{mode:>5} scheduling: {result[f'{mode}_ms_per_step']:.2f} ms/step (spread {low:.2f}-{high:.2f})")

