@@ -10,9 +10,9 @@ Read from `$MINI_VLLM_SOURCE` (skipped without it); adapted only in their call s
   itself from `all_input_ids[-1]`; mini's signature receives it already appended to `tokens`.
 * `step` has no single vLLM counterpart (vLLM splits it between `EngineCore.step` and `LLMEngine.step`).
 * `ParentRequest` (vllm/v1/engine/parallel_sampling.py): vLLM's reads the parent's params as `request.params`
-  and needs an `external_req_id`, so it is handed a view of mini's EngineCoreRequest. Graded on `FINAL_ONLY`
-  and `DELTA`: for `CUMULATIVE` vLLM passes on only the child that reported, mini (documented in
-  mini/engine/parallel_sampling.py) the latest output of every child.
+  and needs an `external_req_id`, so it is handed a view of mini's EngineCoreRequest. Graded on all three
+  output kinds (until 2026-11-27 mini showed every child's latest output under `CUMULATIVE`, and this test
+  left that kind out; mini now passes on only the child that reported, as vLLM).
 * `beam_search_step`: vLLM's `BeamSearchOfflineMixin._beam_search_step`
   (vllm/entrypoints/generate/beam_search/offline.py), with vLLM's own `BeamSearchSequence` and
   `create_sort_beams_key_function` (.../beam_search/utils.py), run on one instance with no structured output;
@@ -100,7 +100,7 @@ def test_vllm_parent_request_passes():
                                      params=request.sampling_params)
         return vllm_parent_request(view)
 
-    check_parent_request(parent_request, output_kinds=(RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA))
+    check_parent_request(parent_request)   # FINAL_ONLY, DELTA and CUMULATIVE
 
 
 def test_vllm_beam_search_step_passes():

@@ -144,9 +144,48 @@ WRONG = [
                 "return [completion_output], finished"),
           expect="already finished"),
     Wrong("ParentRequest", "FINAL_ONLY shows outputs before the last child finishes",
-          edit=("if kind == RequestOutputKind.FINAL_ONLY and not finished:",
-                "if kind == RequestOutputKind.FINAL_ONLY and not completion_output.finished():"),
+          edit=("return ([] if not finished else list(self.output_aggregator)), finished",
+                "return ([] if not completion_output.finished() else [o for o in self.output_aggregator if o]), "
+                "finished"),
           expect="FINAL_ONLY: show nothing until the LAST child finishes"),
+    Wrong("ParentRequest", "CUMULATIVE shows every child heard from (mini's rule until 2026-11-27, not vLLM's)",
+          source='''
+          class ParentRequest:
+              def __init__(self, request):
+                  self.request_id = request.request_id
+                  self.sampling_params = request.sampling_params
+                  self.child_requests = set()
+                  self.latest_outputs = [None] * self.sampling_params.n
+
+              @property
+              def n(self):
+                  return self.sampling_params.n
+
+              def get_child_info(self, index):
+                  child_id = f"{index}_{self.request_id}"
+                  self.child_requests.add(child_id)
+                  params = self.sampling_params.clone()
+                  params.n = 1
+                  if params.seed is not None:
+                      params.seed += index
+                  return child_id, params
+
+              def get_outputs(self, child_request_id, completion_output):
+                  late_duplicate = False
+                  if completion_output.finished():
+                      if child_request_id in self.child_requests:
+                          self.child_requests.remove(child_request_id)
+                      else:
+                          late_duplicate = True
+                  self.latest_outputs[completion_output.index] = completion_output
+                  finished = not self.child_requests
+                  kind = self.sampling_params.output_kind
+                  if kind == RequestOutputKind.DELTA:
+                      return ([] if late_duplicate else [completion_output]), finished
+                  if kind == RequestOutputKind.FINAL_ONLY and not finished:
+                      return [], finished
+                  return [output for output in self.latest_outputs if output is not None], finished
+          ''', expect="CUMULATIVE: like DELTA"),
     # beam_search_step
     Wrong("beam_search_step", "sorts ascending and reverses (ties come out reversed)",
           edit=("instance.beams = sorted(candidates, key=score, reverse=True)[:beam_width]",

@@ -6,6 +6,7 @@ import pytest
 
 from mini import LLM, SamplingParams
 from mini.core.request import RequestStatus
+from mini.sampling_params import RequestOutputKind
 
 WORKED_EXAMPLE = [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]]
 
@@ -167,6 +168,7 @@ def test_parallel_sampling_n(tiny_llama_dir):
     assert all(len(c.token_ids) == 6 for c in out.outputs)
     again = llm.generate({"prompt_token_ids": [4, 5, 6]}, params, use_tqdm=False)[0]
     assert [c.token_ids for c in out.outputs] == [c.token_ids for c in again.outputs]
+    assert params.output_kind == RequestOutputKind.CUMULATIVE   # generate asked for FINAL_ONLY on its own copy
     assert free_blocks_are_all_but_null(llm)
 
 

@@ -199,6 +199,73 @@ def test_merge_delta_outputs_appends_per_index():
     assert merged.finished and merged.outputs[0].finish_reason == "length"
 
 
+def test_cumulative_parallel_sampling_shows_one_child_per_output_as_vllm(engine):
+    """n > 1 with CUMULATIVE through AsyncLLM: the children that reported since the last read (the collector
+    folds what piles up, by sample index); the last output of each index is that sample's final text, the same
+    as FINAL_ONLY's."""
+    params = {"n": 3, "temperature": 1.0, "seed": 11, "max_tokens": 6, "ignore_eos": True}
+
+    async def main():
+        return await asyncio.gather(
+            collect(engine, "Once upon a time", SamplingParams(**params, output_kind=RequestOutputKind.CUMULATIVE),
+                    "cum-n3"),
+            collect(engine, "Once upon a time", SamplingParams(**params, output_kind=RequestOutputKind.FINAL_ONLY),
+                    "final-n3"))
+
+    cumulative, final_only = run(main())
+    latest: dict[int, CompletionOutput] = {}
+    for out in cumulative:
+        for completion in out.outputs:
+            previous = latest.get(completion.index)
+            assert previous is None or len(completion.token_ids) >= len(previous.token_ids)   # cumulative
+            latest[completion.index] = completion
+    assert [o.finished for o in cumulative].count(True) == 1 and cumulative[-1].finished
+    (final,) = final_only
+    assert sorted(latest) == [0, 1, 2] == [c.index for c in final.outputs]
+    assert [latest[i].token_ids for i in range(3)] == [c.token_ids for c in final.outputs]
+    assert len({tuple(c.token_ids) for c in final.outputs}) > 1    # the children sampled differently
+    assert all_blocks_free(engine)
+
+
+def test_engine_step_gives_one_output_per_reporting_child_under_cumulative():
+    """vLLM v0.33.0's ParentRequest.get_outputs: with CUMULATIVE (as with DELTA) each child's report becomes its
+    own RequestOutput under the parent's id, holding that child alone, its whole text so far (mini used to show
+    every child heard from in each one)."""
+    engine = LLM(max_num_seqs=8).llm_engine
+    engine.add_request("p", "The little dog", SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=4,
+                                                            ignore_eos=True))
+    steps = []
+    while engine.has_unfinished_requests():
+        steps.append(engine.step())
+    outputs = [o for step in steps for o in step]
+    assert all(o.request_id == "p" and len(o.outputs) == 1 for o in outputs)
+    assert max(sum(o.outputs[0].index == i for o in step) for step in steps for i in range(3)) == 1
+    reports = {0: 0, 1: 0, 2: 0}
+    for out in outputs:   # each report holds the child's whole output so far: one token more than its last
+        reports[out.outputs[0].index] += 1
+        assert len(out.outputs[0].token_ids) == reports[out.outputs[0].index]
+    assert reports == {0: 4, 1: 4, 2: 4}
+    assert [o.finished for o in outputs] == [False] * 11 + [True]
+
+
+def test_a_slow_cumulative_reader_keeps_every_childs_newest_output():
+    """vLLM's collector: `RequestOutput.add(next, aggregate=False)` replaces by sample index, appends new ones."""
+    from mini.engine.output_collector import RequestOutputCollector
+
+    def out(index, text, finished=False):
+        return RequestOutput("r", "p", [1], None, [CompletionOutput(index, text, [len(text)], None, None)], finished)
+
+    async def main():
+        collector = RequestOutputCollector(RequestOutputKind.CUMULATIVE, asyncio.get_running_loop())
+        for piece in (out(1, "a"), out(0, "x"), out(1, "ab"), out(2, "q"), out(0, "xy", True)):
+            collector.put(piece)
+        return await collector.get()
+
+    merged = run(main())
+    assert [(c.index, c.text) for c in merged.outputs] == [(1, "ab"), (0, "xy"), (2, "q")]
+    assert merged.finished
+
+
 def test_serving_dashboard_view_collects_one_sample_per_step():
     pytest.importorskip("matplotlib")
     import matplotlib

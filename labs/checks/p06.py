@@ -552,8 +552,9 @@ _GATHER_HINTS = {
                                   "index order (keep each child's latest output by its index)",
     RequestOutputKind.DELTA: "DELTA: show just the output that arrived, except from a child that had already "
                              "finished and been reported (then nothing)",
-    RequestOutputKind.CUMULATIVE: "CUMULATIVE (mini): the latest output of every child heard from so far, in "
-                                  "index order (a child not heard from yet is left out)",
+    RequestOutputKind.CUMULATIVE: "CUMULATIVE: like DELTA, just the output that arrived (it already holds that "
+                                  "child's whole text so far), except from a child that had already finished and "
+                                  "been reported (then nothing); the other children are not repeated",
 }
 
 

@@ -39,6 +39,22 @@ def merge_delta_outputs(pending: RequestOutput, new: RequestOutput) -> RequestOu
         prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
 
 
+def replace_by_index(pending: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """Fold a newer CUMULATIVE / FINAL_ONLY output into an unread one: each sample index keeps its newest output
+    (vLLM: `RequestOutput.add(next_output, aggregate=False)`), so with n > 1, where each output carries one
+    child, a reader who falls behind still sees every child heard from."""
+    outputs = list(pending.outputs)
+    for completion in new.outputs:
+        slot = next((i for i, old in enumerate(outputs) if old.index == completion.index), None)
+        if slot is None:
+            outputs.append(completion)
+        else:
+            outputs[slot] = completion
+    return dataclasses.replace(
+        new, outputs=outputs,
+        prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
+
+
 class RequestOutputCollector:
     """One request's mailbox (vLLM: RequestOutputCollector): at most one unread output, or an error.
 
@@ -55,10 +71,12 @@ class RequestOutputCollector:
     def put(self, output: RequestOutput | BaseException) -> None:
         if isinstance(self.output, BaseException):
             return  # an error already waits: it is final
-        if self.output is None or isinstance(output, BaseException) or not self.aggregate:
+        if self.output is None or isinstance(output, BaseException):
             self.output = output
-        else:
+        elif self.aggregate:
             self.output = merge_delta_outputs(self.output, output)
+        else:
+            self.output = replace_by_index(self.output, output)
         self.ready.set()
 
     def put_threadsafe(self, output: RequestOutput | BaseException) -> None:

@@ -8,7 +8,11 @@ processor
      arrived after the one completing the stop string are dropped, as vLLM's `_trim_surplus_tokens`),
   2. converts the logprobs,
   3. builds the `RequestOutput` the user sees (CUMULATIVE: everything so far; DELTA: only what is new;
-     FINAL_ONLY: only at the end), folding parallel-sampling children into their parent.
+     FINAL_ONLY: only at the end), under the parent's id for a parallel-sampling child
+     (mini/engine/parallel_sampling.py decides what it shows).
+As vLLM's, `process_outputs` returns one RequestOutput per reporting request: the n children of one parent
+that report in the same step give up to n RequestOutputs with the parent's id, one child each (`AsyncLLM`'s
+collector folds them by sample index for its reader).
 """
 
 from __future__ import annotations
@@ -105,21 +109,6 @@ class RequestState:
         )
 
 
-def merge_by_request_id(request_outputs: list[RequestOutput]) -> list[RequestOutput]:
-    """One RequestOutput per request id (children of one parent may report in the same step)."""
-    merged: dict[str, RequestOutput] = {}
-    for output in request_outputs:
-        previous = merged.get(output.request_id)
-        if previous is None:
-            merged[output.request_id] = output
-            continue
-        by_index = {c.index: c for c in previous.outputs}
-        by_index.update({c.index: c for c in output.outputs})
-        output.outputs = [by_index[i] for i in sorted(by_index)]
-        merged[output.request_id] = output
-    return list(merged.values())
-
-
 class OutputProcessor:
     """Turns EngineCoreOutputs into RequestOutputs; owns the per-request detokenizers.
 
@@ -214,7 +203,7 @@ class OutputProcessor:
                 self._forget(req_state)
                 if not finished_in_core:
                     reqs_to_abort.append(req_state.request_id)
-        return merge_by_request_id(request_outputs), reqs_to_abort
+        return request_outputs, reqs_to_abort
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestOutput]:
         """Finish the given requests (user ids or engine ids) with finish_reason "abort"."""
@@ -226,7 +215,7 @@ class OutputProcessor:
             if request_output is not None:
                 request_outputs.append(request_output)
             self._forget(req_state)
-        return merge_by_request_id(request_outputs)
+        return request_outputs
 
     def _forget(self, req_state: RequestState) -> None:
         self.request_states.pop(req_state.request_id, None)

@@ -6,10 +6,12 @@ the samples differ but stay reproducible). The children share the prompt, so wit
 their prompt KV blocks are shared too. `ParentRequest` collects the children's CompletionOutputs back
 into one RequestOutput under the parent's id, finished when every child has finished.
 
-Output kinds: DELTA returns each child's new piece as it comes (as vLLM); FINAL_ONLY returns all n
-outputs once, at the end (as vLLM); CUMULATIVE returns the latest full output of every child that
-has produced one, sorted by index (vLLM returns only the updated child; mini aggregates so that one
-RequestOutput always shows the whole request).
+Output kinds, as vLLM v0.33.0: FINAL_ONLY returns all n outputs once, when the last child finishes, in
+index order; DELTA and CUMULATIVE return just the output that arrived (a child's new piece, or its whole
+text so far), except a late report from a child already reported finished, which returns nothing. So
+with CUMULATIVE and n > 1 each RequestOutput holds ONE child's output (its `index` says which), and a
+reader who wants the whole request keeps the latest output per index: `AsyncLLM`'s collector does that
+for a reader who falls behind (mini/engine/output_collector.py, vLLM's `RequestOutput.add`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ class ParentRequest:
         self.request_id = request.request_id
         self.sampling_params = request.sampling_params
         self.child_requests: set[str] = set()          # children not finished yet
-        self.latest_outputs: list[CompletionOutput | None] = [None] * self.sampling_params.n
+        # FINAL_ONLY only: each child's last output, by index, shown together at the end (vLLM's name).
+        self.output_aggregator: list[CompletionOutput | None] = (
+            [None] * self.sampling_params.n if self.sampling_params.output_kind == RequestOutputKind.FINAL_ONLY
+            else [])
 
     @property
     def n(self) -> int:
@@ -61,15 +66,12 @@ class ParentRequest:
                 self.child_requests.remove(child_id)
             else:
                 already_reported_finished = True
-        self.latest_outputs[completion_output.index] = completion_output
         finished = not self.child_requests
-        kind = self.sampling_params.output_kind
-        if kind == RequestOutputKind.DELTA:
+        if self.sampling_params.output_kind != RequestOutputKind.FINAL_ONLY:   # DELTA and CUMULATIVE
             outputs = [] if already_reported_finished else [completion_output]
-        elif kind == RequestOutputKind.FINAL_ONLY:
-            outputs = [] if not finished else [o for o in self.latest_outputs if o is not None]
         else:
-            outputs = [o for o in self.latest_outputs if o is not None]
+            self.output_aggregator[completion_output.index] = completion_output
+            outputs = [] if not finished else [o for o in self.output_aggregator if o is not None]
         return outputs, finished
 
 

@@ -33,7 +33,7 @@ from mini.entrypoints.chat_utils import (
     normalize_conversation,
 )
 from mini.outputs import RequestOutput
-from mini.sampling_params import BeamSearchParams, SamplingParams
+from mini.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any]
 
@@ -100,6 +100,11 @@ class LLM:
         processed = []
         for index, (request_id, prompt, params, prio) in enumerate(
                 zip(request_ids, prompt_list, params_list, priority_list)):
+            if isinstance(params, SamplingParams):
+                # Only the final output is wanted here (vLLM's `_add_request` in vllm/entrypoints/common/offline.py
+                # sets FINAL_ONLY on the caller's object; mini sets it on a copy and leaves the caller's alone).
+                params = params.clone()
+                params.output_kind = RequestOutputKind.FINAL_ONLY
             try:  # process everything first: nothing is queued if one prompt is bad
                 processed.append(engine.process_request(request_id, prompt, params, priority=prio))
             except (ValueError, TypeError) as error:
