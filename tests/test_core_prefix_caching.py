@@ -32,6 +32,7 @@ from mini.core.kv_cache_utils import (
 )
 from mini.core.request import Request, RequestStatus
 from mini.core.sched.scheduler import Scheduler
+from mini.sampling_params import RequestOutputKind
 
 BLOCK = 16
 COMMON = list(range(1, 49))                  # 3 full blocks shared by the first two requests
@@ -242,7 +243,8 @@ def test_greedy_outputs_identical_with_caching_on_and_off(tiny_llama_dir, settin
 
 def test_n_samples_prefill_the_prompt_once(tiny_llama_dir):
     prompt = {"prompt_token_ids": [(7 * i) % 211 for i in range(55)]}
-    params = SamplingParams(n=4, temperature=0.8, seed=7, max_tokens=3, ignore_eos=True)
+    params = SamplingParams(n=4, temperature=0.8, seed=7, max_tokens=3, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)   # the finished output holds all 4
     computed, texts = {}, {}
     for caching in (False, True):
         llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, enable_prefix_caching=caching)

@@ -145,8 +145,8 @@ WRONG = [
           expect="already finished"),
     Wrong("ParentRequest", "FINAL_ONLY shows outputs before the last child finishes",
           edit=("return ([] if not finished else list(self.output_aggregator)), finished",
-                "return ([] if not completion_output.finished() else [o for o in self.output_aggregator if o]), "
-                "finished"),
+                ("return ([] if not completion_output.finished() else [o for o in self.output_aggregator if o]), "
+                 "finished")),
           expect="FINAL_ONLY: show nothing until the LAST child finishes"),
     Wrong("ParentRequest", "CUMULATIVE shows every child heard from (mini's rule until 2026-11-27, not vLLM's)",
           source='''

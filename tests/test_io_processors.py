@@ -283,18 +283,19 @@ def test_fan_out_children(processor):
     assert single_parent is None and single == [request_n1]
 
 
-def test_children_aggregate_into_parent(processor, tokenizer):
+def test_children_report_under_the_parent_id_one_each(processor, tokenizer):
+    """vLLM v0.33.0 (ParentRequest.get_outputs, CUMULATIVE): each child's report is its own RequestOutput under
+    the parent's id, holding that child alone (its whole text so far); the parent finishes with its last child."""
     output_processor, child_ids = start(processor, tokenizer, request_id="p", n=2, temperature=1.0)
     assert child_ids == ["0_p", "1_p"] and output_processor.engine_request_ids(["p"]) == child_ids
     a, b = tokenizer.encode(" world"), tokenizer.encode(" fox")
     outputs, _ = output_processor.process_outputs([out("1_p", b[:1]), out("0_p", a[:1])])
-    assert len(outputs) == 1 and outputs[0].request_id == "p" and not outputs[0].finished
-    assert [c.index for c in outputs[0].outputs] == [0, 1]
+    assert [(o.request_id, [c.index for c in o.outputs], o.finished) for o in outputs] == [
+        ("p", [1], False), ("p", [0], False)]
     outputs, _ = output_processor.process_outputs([out("1_p", b[1:], "length")])
-    assert not outputs[0].finished and outputs[0].outputs[1].finished()
-    outputs, _ = output_processor.process_outputs([out("0_p", a[1:], "length")])
-    final = outputs[0]
-    assert final.finished and [c.text for c in final.outputs] == [" world", " fox"]
+    assert not outputs[0].finished and outputs[0].outputs[0].finished() and outputs[0].outputs[0].text == " fox"
+    (final,), _ = output_processor.process_outputs([out("0_p", a[1:], "length")])
+    assert final.finished and [(c.index, c.text) for c in final.outputs] == [(0, " world")]
     assert not output_processor.has_unfinished_requests() and not output_processor.has_request("p")
 
 
@@ -306,7 +307,7 @@ def test_parent_final_only_and_delta(processor, tokenizer):
     delta, _ = start(processor, tokenizer, request_id="d", n=2, output_kind=DELTA)
     outputs, _ = delta.process_outputs([out("0_d", [5, 6])])
     outputs, _ = delta.process_outputs([out("0_d", [7], "length"), out("1_d", [8])])
-    assert [(c.index, c.token_ids) for c in outputs[0].outputs] == [(0, [7]), (1, [8])]
+    assert [[(c.index, c.token_ids) for c in o.outputs] for o in outputs] == [[(0, [7])], [(1, [8])]]
 
 
 def test_parent_stop_string_and_abort(processor, tokenizer):
@@ -314,6 +315,7 @@ def test_parent_stop_string_and_abort(processor, tokenizer):
     outputs, to_abort = output_processor.process_outputs([out("0_p", tokenizer.encode(" quick fox"))])
     assert to_abort == ["0_p"] and outputs[0].outputs[0].stop_reason == "fox"
     assert output_processor.engine_request_ids(["p"]) == ["1_p"]
-    aborted = output_processor.abort_requests(["p"])
-    assert aborted[0].finished and [c.finish_reason for c in aborted[0].outputs] == ["stop", "abort"]
+    aborted = output_processor.abort_requests(["p"])   # the child still running, alone
+    assert [(o.request_id, o.finished, [(c.index, c.finish_reason) for c in o.outputs]) for o in aborted] == [
+        ("p", True, [(1, "abort")])]
     assert not output_processor.has_unfinished_requests()

@@ -24,8 +24,9 @@ The two sides meet at two places only:
   * one `RequestOutputCollector` per request, filled from the engine thread with
     `loop.call_soon_threadsafe`. It holds at most ONE pending output: a slow reader gets the new deltas
     merged into it (DELTA) or, sample by sample, the newer snapshot replacing it (CUMULATIVE /
-    FINAL_ONLY), as vLLM's collector does. So nothing grows without bound: back-pressure is the scheduler's, which runs at most
-    `max_num_seqs` requests and `max_num_batched_tokens` tokens a step and keeps the rest waiting.
+    FINAL_ONLY), as vLLM's collector does. So nothing grows without bound: back-pressure is the
+    scheduler's, which runs at most `max_num_seqs` requests and `max_num_batched_tokens` tokens a step
+    and keeps the rest waiting.
 
 A caller that stops iterating (closes the generator) or is cancelled (a client disconnect cancels the
 server's task) aborts its request: the abort is queued at once and the engine thread runs it before

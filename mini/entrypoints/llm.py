@@ -9,6 +9,7 @@ beam search on top of `generate()`, one token per step (mini/beam_search.py).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import itertools
@@ -102,8 +103,8 @@ class LLM:
                 zip(request_ids, prompt_list, params_list, priority_list)):
             if isinstance(params, SamplingParams):
                 # Only the final output is wanted here (vLLM's `_add_request` in vllm/entrypoints/common/offline.py
-                # sets FINAL_ONLY on the caller's object; mini sets it on a copy and leaves the caller's alone).
-                params = params.clone()
+                # sets FINAL_ONLY on the caller's object; mini sets it on a shallow copy, the caller's stays).
+                params = copy.copy(params)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
             try:  # process everything first: nothing is queued if one prompt is bad
                 processed.append(engine.process_request(request_id, prompt, params, priority=prio))
