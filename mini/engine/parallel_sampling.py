@@ -3,8 +3,8 @@
 The engine core only knows requests that produce one sequence. A request with `n` samples becomes n
 children with ids f"{index}_{parent_id}" and params n=1 (seed + index when the parent is seeded, so
 the samples differ but stay reproducible). The children share the prompt, so with prefix caching on
-their prompt KV blocks are shared too. `ParentRequest` collects the children's CompletionOutputs back
-into one RequestOutput under the parent's id, finished when every child has finished.
+their prompt KV blocks are shared too. `ParentRequest` decides which of the children's CompletionOutputs
+go back to the user, under the parent's id; the parent is finished when every child has finished.
 
 Output kinds, as vLLM v0.33.0: FINAL_ONLY returns all n outputs once, when the last child finishes, in
 index order; DELTA and CUMULATIVE return just the output that arrived (a child's new piece, or its whole
