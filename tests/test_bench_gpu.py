@@ -110,3 +110,10 @@ def test_bench_async_scheduling_runs_from_the_command_line(capsys):
                 "--rounds", "1"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("sync_ms_per_step=") and "async_speedup=" in last
+
+
+def test_two_engines_on_one_card_each_get_a_fixed_kv_budget():
+    from mini.bench.workload import side_by_side_kv_args
+
+    assert side_by_side_kv_args("cuda") == side_by_side_kv_args("cuda:0") == {"kv_cache_memory_bytes": 2 << 30}
+    assert side_by_side_kv_args("cpu") == {}

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from mini import LLM, SamplingParams
+from mini.bench.workload import side_by_side_kv_args
 
 
 def run(num_requests: int = 16, output_len: int = 64, prompt_len: int = 32, rounds: int = 3,
@@ -88,12 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    engine_args: dict[str, Any] = {"device": args.device}
+    engine_args: dict[str, Any] = {"device": args.device, **side_by_side_kv_args(args.device)}
     if args.dtype:
         engine_args["dtype"] = args.dtype
-    if args.device.startswith("cuda"):
-        # Two engines on one card: vLLM's default budget (0.92 of the card) would leave the second no KV cache.
-        engine_args["kv_cache_memory_bytes"] = 2 << 30
     result = run(args.requests, args.output_len, args.prompt_len, args.rounds, args.model, args.multiprocess,
                  **engine_args)
     for mode in ("sync", "async"):

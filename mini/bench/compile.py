@@ -21,7 +21,14 @@ import time
 
 import torch
 
-from mini.bench.workload import Workload, generate_greedy, machine_line, make_workload, spread
+from mini.bench.workload import (
+    Workload,
+    generate_greedy,
+    machine_line,
+    make_workload,
+    side_by_side_kv_args,
+    spread,
+)
 
 
 def _timed(build):
@@ -54,11 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     num_prompts = args.num_prompts or (64 if args.model is None else 8)
     common = {"model": args.model, "device": args.device, "dtype": dtype, "max_num_seqs": 64,
-              "max_num_batched_tokens": 1024}
-    if args.device.startswith("cuda"):
-        # Two engines in one process: vLLM's default budget (0.92 of the card) would give the first engine's KV
-        # cache all of it and leave the second none. A fixed 2 GiB each holds this workload many times over.
-        common["kv_cache_memory_bytes"] = 2 << 30
+              "max_num_batched_tokens": 1024, **side_by_side_kv_args(args.device)}
     print(machine_line(torch.get_num_threads(), args.device), flush=True)
     eager, eager_build = _timed(lambda: LLM(**common))
     print(f"eager engine built in {eager_build:.1f} s; building the compiled one (on a GPU its CUDA-graph capture "
