@@ -69,6 +69,31 @@ def test_vllm_request_output_add_passes_check_merge_delta_outputs():
     check_of(PHASE, "merge_delta_outputs")(vllm_merge_delta_outputs())
 
 
+def test_mini_collector_folds_equal_vllms_add_in_order():
+    """mini's two folds (the collector's, and the reference the check grades against) give what vLLM's
+    `RequestOutput.add` gives, samples in the same order: the check itself does not grade the order."""
+    import random
+
+    from mini.engine.output_collector import merge_delta_outputs, replace_by_index
+    from mini.outputs import CompletionOutput
+    add = vllm_definition("vllm/outputs.py", "RequestOutput.add",
+                          {"MutableSequence": MutableSequence, "SamplingMask": None})
+    rng = random.Random(0)
+
+    def output(indices):
+        return RequestOutput("r", "p", [1], None, [CompletionOutput(i, f"t{rng.random():.3f}", [rng.randrange(99)],
+                                                                    None, None) for i in indices], False)
+
+    for _ in range(200):
+        pending, new = (output(rng.sample(range(4), rng.randint(1, 4))) for _ in range(2))
+        for fold, aggregate in ((merge_delta_outputs, True), (replace_by_index, False)):
+            theirs = _with_vllm_fields(pending)
+            add(theirs, _with_vllm_fields(new), aggregate=aggregate)
+            ours = fold(pending, new)
+            assert [(c.index, c.text, list(c.token_ids)) for c in ours.outputs] == \
+                [(c.index, c.text, list(c.token_ids)) for c in theirs.outputs], (fold.__name__, pending, new)
+
+
 # ---------------------------------------------------------------- generate_stream
 class _Queue:
     """mini's collector with the two methods vLLM's `generate` also calls on its collector."""

@@ -9,6 +9,7 @@ import pytest
 from mini import LLM, SamplingParams
 from mini.config import EngineConfig
 from mini.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError, merge_delta_outputs
+from mini.engine.output_collector import replace_by_index
 from mini.outputs import CompletionOutput, RequestOutput
 from mini.sampling_params import RequestOutputKind
 
@@ -197,6 +198,19 @@ def test_merge_delta_outputs_appends_per_index():
     merged = merge_delta_outputs(out("ab", [1, 2]), out("c", [3], True, "length"))
     assert merged.outputs[0].text == "abc" and merged.outputs[0].token_ids == [1, 2, 3]
     assert merged.finished and merged.outputs[0].finish_reason == "length"
+
+
+def test_collector_folds_keep_vllms_sample_order():
+    """vLLM's `RequestOutput.add` keeps the unread output's samples where they are and appends an index heard
+    from only now: child 2 reported before child 0, so it stays first (mini sorted by index before)."""
+    def out(*indices, text="x"):
+        return RequestOutput("r", "p", [1], None, [CompletionOutput(i, text, [i], None, None) for i in indices],
+                             False)
+
+    for fold in (merge_delta_outputs, replace_by_index):
+        folded = fold(out(2, 1), out(0, 2, text="y"))
+        assert [c.index for c in folded.outputs] == [2, 1, 0], fold.__name__
+        assert folded.outputs[0].text == ("xy" if fold is merge_delta_outputs else "y")
 
 
 def test_cumulative_parallel_sampling_shows_one_child_per_output_as_vllm(engine):

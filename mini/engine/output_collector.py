@@ -20,7 +20,10 @@ from mini.sampling_params import RequestOutputKind
 
 
 def merge_delta_outputs(pending: RequestOutput, new: RequestOutput) -> RequestOutput:
-    """Fold a newer DELTA output into an unread one: texts/tokens/logprobs appended per sample index."""
+    """Fold a newer DELTA output into an unread one: texts/tokens/logprobs appended per sample index.
+
+    vLLM: `RequestOutput.add(next_output, aggregate=True)` (vllm/outputs.py). The samples keep vLLM's order:
+    `pending`'s as they were, then any index heard from only now, in `new`'s order."""
     by_index: dict[int, CompletionOutput] = {c.index: dataclasses.replace(c, token_ids=list(c.token_ids))
                                              for c in pending.outputs}
     for completion in new.outputs:
@@ -35,23 +38,18 @@ def merge_delta_outputs(pending: RequestOutput, new: RequestOutput) -> RequestOu
             completion, text=old.text + completion.text, token_ids=old.token_ids + list(completion.token_ids),
             logprobs=logprobs)
     return dataclasses.replace(
-        new, outputs=[by_index[i] for i in sorted(by_index)],
+        new, outputs=list(by_index.values()),
         prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
 
 
 def replace_by_index(pending: RequestOutput, new: RequestOutput) -> RequestOutput:
     """Fold a newer CUMULATIVE / FINAL_ONLY output into an unread one: each sample index keeps its newest output
     (vLLM: `RequestOutput.add(next_output, aggregate=False)`), so with n > 1, where each output carries one
-    child, a reader who falls behind still sees every child heard from."""
-    outputs = list(pending.outputs)
-    for completion in new.outputs:
-        slot = next((i for i, old in enumerate(outputs) if old.index == completion.index), None)
-        if slot is None:
-            outputs.append(completion)
-        else:
-            outputs[slot] = completion
+    child, a reader who falls behind still sees every child heard from. Same order as `merge_delta_outputs`."""
+    by_index = {completion.index: completion for completion in pending.outputs}
+    by_index.update((completion.index, completion) for completion in new.outputs)  # a known index keeps its place
     return dataclasses.replace(
-        new, outputs=outputs,
+        new, outputs=list(by_index.values()),
         prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
 
 
