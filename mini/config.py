@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from mini.attention import ATTENTION_BACKEND_MODULES
-from mini.compilation import CompilationMode, parse_compilation_mode
+from mini.compilation import CompilationMode, CompilationSettings, parse_compilation_config, parse_compilation_mode
 from mini.core.sched.request_queue import SchedulingPolicy
 from mini.engine.async_config import validate_async_scheduling
 from mini.model.registry import SHIPPED_MODEL_DIR, resolve_model_dir
@@ -82,10 +82,12 @@ class EngineConfig:
         "help": "no CUDA graphs for decode (default: captured at start-up on CUDA; CPU always runs eager)"})
     max_cudagraph_capture_size: int | None = field(default=None, metadata={
         "help": "largest decode batch captured as a CUDA graph (default: min(max_num_seqs, 512))"})
-    # torch.compile of the model's forward (mini/compilation.py): an int mode or {"mode": N}, as vLLM's
-    # compilation_config; None or 0: eager (mini's default), 3: one inductor graph, attention an opaque op.
+    # torch.compile of the model's forward (mini/compilation.py): an int mode or {"mode": N, "splitting_ops": [...]},
+    # as vLLM's compilation_config; None or 0: eager (mini's default), 3: traced once, attention an opaque op, the
+    # pieces between attention calls compiled by inductor (splitting_ops=[]: one inductor graph).
     compilation_config: int | dict | None = field(default=None, metadata={
-        "help": "torch.compile of the forward: a mode (0: eager, 3: compiled) or JSON {\"mode\": N}"})
+        "help": "torch.compile of the forward: a mode (0: eager, 3: compiled) or JSON "
+                "{\"mode\": N, \"splitting_ops\": []} (default: split at attention; []: one graph)"})
     device: str = field(default="cpu", metadata={"help": "'cpu' or 'cuda[:N]'"})
     dtype: str = field(default="float32", metadata={"help": "weights and activations", "choices": tuple(DTYPES)})
     seed: int = field(default=0, metadata={"help": "the engine's random seed"})
@@ -188,6 +190,10 @@ class EngineConfig:
     @property
     def compilation_mode(self) -> CompilationMode:
         return parse_compilation_mode(self.compilation_config)
+
+    @property
+    def compilation_settings(self) -> CompilationSettings:
+        return parse_compilation_config(self.compilation_config)
 
     @staticmethod
     def _check_positive_int(name: str, value: object) -> None:

@@ -7,12 +7,14 @@ The engines here run in process (tests/conftest.py INPROC_TEST_FILES): Dynamo's 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from mini import LLM, SamplingParams
-from mini.compilation import CompilationMode, parse_compilation_mode
+from mini.compilation import CompilationMode, parse_compilation_config, parse_compilation_mode
 from mini.config import EngineConfig
 from mini.forward_context import get_forward_context
 
@@ -92,5 +94,83 @@ def test_bench_compile_times_both_engines_and_compares_their_tokens(capsys, monk
     assert bench_compile.main(argv) == 0
     out = capsys.readouterr().out
     assert out.index("eager engine built in") < out.index("compiled engine built in") < out.index("round 0:")
-    assert re.fullmatch(r"compile_speedup=\d+\.\d\d compile_seconds=-?\d+\.\d identical=True",
+    assert re.fullmatch(r"compile_speedup=\d+\.\d\d compile_seconds=-?\d+\.\d identical=True split=attention",
                         out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("bad", [{"mode": 3, "splitting_ops": ["vllm::unified_attention"]},
+                                 {"mode": 3, "splitting_ops": "mini::unified_attention"}])
+def test_bad_splitting_ops_name_the_allowed_values(bad):
+    with pytest.raises(ValueError, match="splitting_ops.*mini::unified_attention"):
+        EngineConfig(compilation_config=bad)
+
+
+@pytest.mark.parametrize(("value", "ops"), [(3, ("mini::unified_attention",)), ({"mode": 3, "splitting_ops": []}, ()),
+                                            ({"mode": 3, "splitting_ops": None}, ("mini::unified_attention",))])
+def test_splitting_ops_default_to_attention_as_vllms_mode_3(value, ops):
+    assert parse_compilation_config(value).splitting_ops == ops
+
+
+def test_one_graph_compile_is_token_identical_and_traced_once():
+    """`splitting_ops=[]`: the whole forward as one inductor graph (what vLLM runs on a CPU)."""
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    torch._dynamo.reset()
+    expected = [o.outputs[0].token_ids for o in LLM(max_num_batched_tokens=32).generate(prompts, params,
+                                                                                          use_tqdm=False)]
+    graphs_before = counters["stats"]["unique_graphs"]
+    compiled = LLM(compilation_config={"mode": 3, "splitting_ops": []}, max_num_batched_tokens=32)
+    assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params, use_tqdm=False)] == expected
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+
+
+def test_piecewise_split_at_attention_with_layer_pieces_that_read_alike(monkeypatch):
+    """The traced forward of an L-layer model splits into 2L + 1 pieces: L attention calls, left as they are, and
+    L + 1 pieces compiled by inductor. The pieces between two attention calls are the same code in every layer
+    once their inputs are renamed, which is what lets inductor's cache compile one and reuse it."""
+    import mini.compilation
+    from mini.piecewise_compile import _canonical_inputs, _CompiledPiece, make_piecewise_backend, split_graph
+
+    captured = {}
+
+    def capturing(splitting_ops):
+        real = make_piecewise_backend(splitting_ops)
+
+        def backend(graph, example_inputs):
+            captured["graph"] = copy.deepcopy(graph)
+            captured["split"] = real(graph, example_inputs)
+            return captured["split"]
+        return backend
+
+    monkeypatch.setattr(mini.compilation, "make_piecewise_backend", capturing)
+    torch._dynamo.reset()
+    llm = LLM(compilation_config=3)
+    llm.generate(["Once upon a time"], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
+    num_layers = llm.llm_engine.hf_config.num_hidden_layers
+    split, compiled_names, attention_names = split_graph(captured["graph"], ["mini::unified_attention"])
+    assert len(attention_names) == num_layers and len(compiled_names) == num_layers + 1
+    for name in attention_names:
+        calls = [n for n in getattr(split, name).graph.nodes if n.op == "call_function"]
+        assert [str(n.target) for n in calls] == ["mini.unified_attention.default"], name
+    middle = [getattr(split, name) for name in compiled_names[1:-1]]
+    assert middle[0].code != middle[1].code, "split_module names a piece's inputs after its layer"
+    for piece in middle:
+        _canonical_inputs(piece)
+    assert len({piece.code for piece in middle}) == 1, "a middle piece differs from layer to layer once renamed"
+    run = captured["split"]
+    assert all(isinstance(getattr(run, name), _CompiledPiece) for name in compiled_names)
+    assert not any(isinstance(getattr(run, name), _CompiledPiece) for name in attention_names)
+
+
+def test_engines_without_a_profiling_run_trace_once_and_a_second_engine_reuses_the_graph():
+    """With `num_gpu_blocks_override` no eager profiling run precedes the first compiled step, so the trace is the
+    first thing to meet the model (the rotary table must not be made during it, or a second trace follows); a
+    second engine of the same shapes runs the first one's graph (one shared backend, mini/piecewise_compile.py)."""
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    torch._dynamo.reset()
+    graphs_before = counters["stats"]["unique_graphs"]
+    for blocks in (64, 100):
+        llm = LLM(compilation_config=3, num_gpu_blocks_override=blocks)
+        for prompt in ("hi there", "a longer prompt than the first one"):
+            llm.generate([prompt], params, use_tqdm=False)
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1, "traced again: a guard failed (TORCH_LOGS=recompiles)"

