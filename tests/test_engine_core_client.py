@@ -186,3 +186,43 @@ def test_a_course_part_reaches_a_forked_core(monkeypatch, tmp_path, greedy_refer
         assert set(marker.read_text().split()) == {str(engine.engine_core.pid)}
     finally:
         engine.shutdown()
+
+
+def test_the_front_end_loads_its_tokenizer_while_the_core_starts(monkeypatch, greedy_reference):
+    """`while_starting` runs after the child process is started and before its handshake (so the two start-ups
+    overlap): LLMEngine's tokenizer is what it returned. If it fails, the child is shut down, not left behind."""
+    monkeypatch.delenv("MINI_ENABLE_V1_MULTIPROCESSING", raising=False)
+    seen = {}
+
+    def alongside():
+        client_frame = __import__("inspect").currentframe().f_back
+        client = client_frame.f_locals["self"]
+        seen["alive"] = client.resources.proc.is_alive()
+        seen["before_handshake"] = not hasattr(client, "startup")
+        seen["proc"] = client.resources.proc
+        return "the tokenizer"
+
+    client = EngineCoreClient.make_client(True, False, CONFIG, while_starting=alongside)
+    try:
+        assert seen == {"alive": True, "before_handshake": True, "proc": client.resources.proc}
+        assert client.started_alongside == "the tokenizer"
+    finally:
+        client.shutdown()
+
+    def broken():
+        seen["proc"] = __import__("inspect").currentframe().f_back.f_locals["self"].resources.proc
+        raise OSError("no tokenizer here")
+
+    with pytest.raises(OSError, match="no tokenizer here"):
+        EngineCoreClient.make_client(True, False, CONFIG, while_starting=broken)
+    seen["proc"].join(timeout=30)
+    assert not seen["proc"].is_alive()
+
+    llm = LLM(num_gpu_blocks_override=64, max_num_seqs=4)
+    try:
+        engine = llm.llm_engine
+        assert engine.engine_core.is_multiprocess and engine.tokenizer is engine.engine_core.started_alongside
+        out = llm.generate(["Hello world"], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        assert list(out[0].outputs[0].token_ids) == greedy_reference["a"]
+    finally:
+        llm.llm_engine.engine_core.shutdown()

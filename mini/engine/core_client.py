@@ -46,6 +46,7 @@ import shutil
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,15 +117,18 @@ class EngineCoreClient:
 
     @staticmethod
     def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig,
-                    choices: Choices | None = None) -> EngineCoreClient:
+                    choices: Choices | None = None, while_starting: Callable[[], Any] | None = None
+                    ) -> EngineCoreClient:
+        """`while_starting` (multiprocess only): work for the front end to do while the child starts, its result
+        kept as the client's `started_alongside` (LLMEngine loads its tokenizer there)."""
         if asyncio_mode:
             if not multiprocess_mode:
                 raise ValueError("an asyncio engine-core client runs the core in a child process; in-process "
                                  "asyncio callers use mini.engine.async_llm.InprocEngineCore")
-            return AsyncMPClient(config, choices)
+            return AsyncMPClient(config, choices, while_starting=while_starting)
         if multiprocess_mode:
             # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread.
-            return SyncMPClient(config, choices, front_end_threads=0)
+            return SyncMPClient(config, choices, front_end_threads=0, while_starting=while_starting)
         return InprocClient(config, choices)
 
     is_multiprocess = False
@@ -243,7 +247,7 @@ class MPClient(EngineCoreClient):
     is_multiprocess = True
 
     def __init__(self, config: EngineConfig, choices: Choices | None, asyncio_mode: bool,
-                 front_end_threads: int = 1) -> None:
+                 front_end_threads: int = 1, while_starting: Callable[[], Any] | None = None) -> None:
         method = start_method()
         if method == "spawn":
             _check_picklable(config, choices)
@@ -267,6 +271,9 @@ class MPClient(EngineCoreClient):
                   _torch_threads(front_end_threads)))
         try:
             resources.proc.start()
+            # Started first, then this process's own work, then the wait: the child loads the model while the
+            # front end does this (vLLM loads the tokenizer before it starts the core; the same work, in series).
+            self.started_alongside = while_starting() if while_starting is not None else None
             self.startup = self._wait_for_handshake()
         except BaseException:
             self.shutdown()
@@ -411,8 +418,10 @@ class SyncMPClient(MPClient):
     their caller's future, and the child's end (its sentinel becoming readable) to both as EngineDeadError.
     """
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None, front_end_threads: int = 1) -> None:
-        super().__init__(config, choices, asyncio_mode=False, front_end_threads=front_end_threads)
+    def __init__(self, config: EngineConfig, choices: Choices | None = None, front_end_threads: int = 1,
+                 while_starting: Callable[[], Any] | None = None) -> None:
+        super().__init__(config, choices, asyncio_mode=False, front_end_threads=front_end_threads,
+                         while_starting=while_starting)
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         self._utility_futures: dict[int, Future] = {}
         thread = threading.Thread(target=_read_outputs_sync,
@@ -524,8 +533,9 @@ class AsyncMPClient(MPClient):
     `output_handler_step` and `generate_stream` use, as `InprocEngineCore` offers in process.
     """
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
-        super().__init__(config, choices, asyncio_mode=True)
+    def __init__(self, config: EngineConfig, choices: Choices | None = None,
+                 while_starting: Callable[[], Any] | None = None) -> None:
+        super().__init__(config, choices, asyncio_mode=True, while_starting=while_starting)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outputs_queue: asyncio.Queue | None = None
         self._utility_futures: dict[int, asyncio.Future] = {}

@@ -24,6 +24,7 @@ with no observer builds no trace and copies no block table.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,8 +74,12 @@ class LLMEngine:
             from mini.engine.dp_client import make_dp_client
             self.engine_core = make_dp_client(self.multiprocess_mode, config, self.choices, asyncio_mode)
         else:
+            # A child core loads its own tokenizer; the front end loads this one while the child starts.
+            load_front_end_tokenizer = None
+            if self.multiprocess_mode and not config.skip_tokenizer_init:
+                load_front_end_tokenizer = functools.partial(load_tokenizer, config.model_dir)
             self.engine_core = EngineCoreClient.make_client(self.multiprocess_mode, asyncio_mode, config,
-                                                            self.choices)
+                                                            self.choices, while_starting=load_front_end_tokenizer)
         info = self.engine_core.startup
         self._num_gpu_blocks = int(info["num_gpu_blocks"])
         self.config = config = dataclasses.replace(config, max_model_len=info["max_model_len"])
@@ -84,7 +89,8 @@ class LLMEngine:
         if config.skip_tokenizer_init:
             self.tokenizer = None
         elif self.engine_core.is_multiprocess:   # the core's process loaded its own
-            self.tokenizer = load_tokenizer(config.model_dir)
+            tokenizer = getattr(self.engine_core, "started_alongside", None)   # None from a data-parallel client
+            self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model_dir)
         else:                                    # one tokenizer for the front end and the in-process core
             self.tokenizer = self.engine_core.engine_core.tokenizer
         self.eos_token_id = info["eos_token_id"]     # the tokenizer's, else the checkpoint config's
