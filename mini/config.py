@@ -22,7 +22,12 @@ from typing import Any
 import torch
 
 from mini.attention import ATTENTION_BACKEND_MODULES
-from mini.compilation import CompilationMode, CompilationSettings, parse_compilation_config, parse_compilation_mode
+from mini.compilation import (
+    CompilationMode,
+    CompilationSettings,
+    parse_compilation_config,
+    parse_compilation_mode,
+)
 from mini.core.sched.request_queue import SchedulingPolicy
 from mini.engine.async_config import validate_async_scheduling
 from mini.model.registry import SHIPPED_MODEL_DIR, resolve_model_dir
