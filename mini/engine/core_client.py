@@ -127,8 +127,10 @@ class EngineCoreClient:
                                  "asyncio callers use mini.engine.async_llm.InprocEngineCore")
             return AsyncMPClient(config, choices, while_starting=while_starting)
         if multiprocess_mode:
-            # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread.
-            return SyncMPClient(config, choices, front_end_threads=0, while_starting=while_starting)
+            # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread; with
+            # async scheduling the core's own thread schedules while its worker thread runs the model: one kept.
+            kept = 1 if config.async_scheduling else 0
+            return SyncMPClient(config, choices, front_end_threads=kept, while_starting=while_starting)
         return InprocClient(config, choices)
 
     is_multiprocess = False
@@ -378,7 +380,10 @@ def _torch_threads(front_end_threads: int = 1) -> int:
     threads in every case, vllm/utils/ompmultiprocessing.py, for its engine-core process; there a separate worker
     process runs the model.) `LLM`'s front end waits while the core steps,
     so `make_client` gives that core every thread: `LLM.generate` of `python -m mini bench`'s workload ran at
-    1,684-1,795 output tok/s with 1 core thread, 1,925-2,128 with 2, 1,880-2,012 in process (2 cores)."""
+    1,684-1,795 output tok/s with 1 core thread, 1,925-2,128 with 2, 1,880-2,012 in process (2 cores). Unless
+    the core schedules asynchronously: its scheduling thread then works while the worker thread's OpenMP pool
+    runs the model, and `python -m mini bench async_scheduling --multiprocess` took 14.1-15.5 ms a step with 2
+    core threads, 9.3 with 1 (sync: 8.5 with 2)."""
     forced = os.environ.get(ENV_CORE_THREADS)
     if forced:
         if not forced.isdigit() or int(forced) < 1:
