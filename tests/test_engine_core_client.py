@@ -196,32 +196,36 @@ def test_a_course_part_reaches_a_forked_core(monkeypatch, tmp_path, greedy_refer
 def test_the_front_end_loads_its_tokenizer_while_the_core_starts(monkeypatch, greedy_reference):
     """`while_starting` runs after the child process is started and before its handshake (so the two start-ups
     overlap): LLMEngine's tokenizer is what it returned. If it fails, the child is shut down, not left behind."""
+    import multiprocessing
+
+    from mini.engine import core_client
+
     monkeypatch.delenv("MINI_ENABLE_V1_MULTIPROCESSING", raising=False)
-    seen = {}
+    events: list[str] = []
+    real_wait = core_client.MPClient._wait_for_handshake
+    monkeypatch.setattr(core_client.MPClient, "_wait_for_handshake",
+                        lambda self: events.append("handshake") or real_wait(self))
+
+    def cores() -> list:
+        return [p for p in multiprocessing.active_children() if p.name == "mini-engine-core"]
 
     def alongside():
-        client_frame = __import__("inspect").currentframe().f_back
-        client = client_frame.f_locals["self"]
-        seen["alive"] = client.resources.proc.is_alive()
-        seen["before_handshake"] = not hasattr(client, "startup")
-        seen["proc"] = client.resources.proc
+        events.append(f"alongside, {len(cores())} core running")
         return "the tokenizer"
 
     client = EngineCoreClient.make_client(True, False, CONFIG, while_starting=alongside)
     try:
-        assert seen == {"alive": True, "before_handshake": True, "proc": client.resources.proc}
+        assert events == ["alongside, 1 core running", "handshake"]
         assert client.started_alongside == "the tokenizer"
     finally:
         client.shutdown()
 
     def broken():
-        seen["proc"] = __import__("inspect").currentframe().f_back.f_locals["self"].resources.proc
         raise OSError("no tokenizer here")
 
     with pytest.raises(OSError, match="no tokenizer here"):
         EngineCoreClient.make_client(True, False, CONFIG, while_starting=broken)
-    seen["proc"].join(timeout=30)
-    assert not seen["proc"].is_alive()
+    assert cores() == [], "the core started before the failure was left running"
 
     llm = LLM(num_gpu_blocks_override=64, max_num_seqs=4)
     try:
