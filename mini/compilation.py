@@ -14,7 +14,8 @@ mini takes `compilation_config` as an int (the mode) or a dict `{"mode": N, "spl
   even to 1), so a step of any batch size reuses the one graph. The graph is then split at the attention ops and
   inductor compiles each piece between them (mini/piecewise_compile.py, vLLM's `split_graph` and piecewise
   backend), fusing what lies there (RMSNorm, RoPE, SiLU-and-mul, residual adds; on a CPU as C++ loops, on a GPU
-  as Triton kernels). `splitting_ops=[]` compiles the forward as one inductor graph instead.
+  as Triton kernels). `splitting_ops=[]` compiles the forward as one inductor graph instead. A draft model for
+  speculative decoding is compiled the same way (mini/spec_decode/draft_model.py); the EAGLE head is not.
 
 Where mini differs from vLLM v0.33.0:
 * On a CPU vLLM turns mode 3 into mode 2 (`DYNAMO_TRACE_ONCE`, vllm/platforms/cpu.py): one trace, one inductor

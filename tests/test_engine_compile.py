@@ -174,3 +174,20 @@ def test_engines_without_a_profiling_run_trace_once_and_a_second_engine_reuses_t
         for prompt in ("hi there", "a longer prompt than the first one"):
             llm.generate([prompt], params, use_tqdm=False)
     assert counters["stats"]["unique_graphs"] - graphs_before == 1, "traced again: a guard failed (TORCH_LOGS=recompiles)"
+
+
+def test_a_draft_model_is_compiled_with_its_target_and_drafts_the_same_tokens():
+    """Speculative decoding with a draft model under `compilation_config=3`: the draft is compiled too (its own
+    graph, as vLLM compiles the draft model under the target's config), and greedy output is eager's."""
+    prompts = ["def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n", "for i in range(10):\n    print(i)\n"]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    spec = {"method": "draft_model", "num_speculative_tokens": 3}
+    torch._dynamo.reset()
+    expected = [o.outputs[0].token_ids for o in LLM(speculative_config=spec).generate(prompts, params,
+                                                                                        use_tqdm=False)]
+    graphs_before = counters["stats"]["unique_graphs"]
+    compiled = LLM(speculative_config=spec, compilation_config=3)
+    drafter = compiled.llm_engine.model_runner.drafter
+    assert drafter.net.model.layers[0].self_attn.use_attention_op, "the draft model was not compiled"
+    assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params, use_tqdm=False)] == expected
+    assert counters["stats"]["unique_graphs"] - graphs_before == 2, "one graph for the target, one for the draft"

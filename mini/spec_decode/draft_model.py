@@ -2,7 +2,8 @@
 
 Mirrors vllm/v1/spec_decode/draft_model.py (`DraftModelProposer`). The draft model reads the request's own
 tokens: the catch-up pass feeds every token the target placed this step, up to and including the newest
-one (whose output gives the first draft); each later pass feeds the draft just made.
+one (whose output gives the first draft); each later pass feeds the draft just made. With
+`compilation_config=3` the draft model is compiled as the target is.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mini.compilation import compile_model
 from mini.model.loader import load_model
 from mini.spec_decode.model_proposer import ModelDrafterBase
 
@@ -29,7 +31,9 @@ class DraftModelProposer(ModelDrafterBase):
                              f"{target_model.config.vocab_size}")
         if model.attention_backend != target_model.attention_backend:
             model.set_attention_backend(target_model.attention_backend)
-        return model
+        # Compiled as the target is (vLLM: the draft model is built by `get_model` under the same compilation
+        # config, tagged "draft_model"); its own graph, its attention reading the draft's KV cache.
+        return compile_model(model, config.compilation_settings)
 
     def num_layers(self) -> int:
         return self.net.config.num_hidden_layers
