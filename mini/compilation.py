@@ -94,15 +94,12 @@ def parse_compilation_mode(value: Any) -> CompilationMode:
     return parse_compilation_config(value).mode
 
 
-def compile_model(model: torch.nn.Module, settings: CompilationSettings | CompilationMode) -> torch.nn.Module:
+def compile_model(model: torch.nn.Module, settings: CompilationSettings) -> torch.nn.Module:
     """Compile `model.forward` in place for `settings` (mode NONE: untouched); returns the model.
 
     The compiled forward keeps the eager signature `(input_ids, positions, kv_caches, attn_metadata)`: it sets
     the forward context from its last two arguments and runs the traced graph, which never sees the metadata.
-    A bare mode means the default split (at attention).
     """
-    if isinstance(settings, CompilationMode):
-        settings = CompilationSettings(settings, ATTENTION_OPS)
     if settings.mode == CompilationMode.NONE:
         return model
     model.model.rotary_emb.inv_freq_on(next(model.parameters()).device)  # made before the trace, not during it

@@ -194,7 +194,7 @@ class EngineConfig:
 
     @property
     def compilation_mode(self) -> CompilationMode:
-        return parse_compilation_mode(self.compilation_config)
+        return self.compilation_settings.mode
 
     @property
     def compilation_settings(self) -> CompilationSettings:
