@@ -22,7 +22,6 @@ import torch.distributed as dist
 from torch import nn
 
 from mini.distributed import communication_op, parallel_state
-from mini.executor.multiproc_executor import release_libgomp_threads
 from mini.model.llama import DecoderConfig, check_tensor_parallel_size
 from mini.model.parallel_linear import (
     ColumnParallelLinear,
@@ -32,6 +31,7 @@ from mini.model.parallel_linear import (
     kv_head_partition,
 )
 from mini.model.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding, vocab_range
+from mini.system_utils import release_libgomp_threads
 
 IN, OUT, VOCAB = 12, 8, 11   # VOCAB not a multiple of 2 or 3: the last rank holds padding rows
 ATOL = 1e-5

@@ -76,6 +76,7 @@ from mini.engine.output_processor import OutputProcessor
 from mini.metrics.stats import SchedulerStats
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
+from mini.system_utils import release_libgomp_threads
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,8 @@ class AsyncLLM(abc.ABC):
     """`generate()` is an async stream per request. `AsyncLLM(config)` in multiprocess mode (the default) is an
     `MPAsyncLLM` (mini/engine/async_llm_mp.py: AsyncMPClient + output-handler task, vLLM's design); in process
     (`MINI_ENABLE_V1_MULTIPROCESSING=0`, or `AsyncLLM(engine=an LLMEngine)`) an `LLMEngine` driven by a
-    background thread (this class)."""
+    background thread (this class). That thread runs the forwards: the building thread gives its OpenMP pool back
+    before it starts, and the loop gives its own back whenever it runs out of requests (mini/system_utils.py)."""
 
     def __new__(cls, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
                 stat_loggers: list[StatLogger] | None = None) -> Any:
@@ -207,6 +209,7 @@ class AsyncLLM(abc.ABC):
         self._stop = threading.Event()
         self._dead_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run_engine_loop, name="mini-engine-loop", daemon=True)
+        release_libgomp_threads()   # the loop thread runs the forwards now (mini/system_utils.py)
         self._thread.start()
 
     @classmethod
@@ -287,14 +290,19 @@ class AsyncLLM(abc.ABC):
 
     # ------------------------------------------------------------------ the engine thread
     def _run_engine_loop(self) -> None:
+        holds_pool = False   # whether this thread may hold an OpenMP pool from its last steps
         try:
             while not self._stop.is_set():
                 busy = self.engine.has_unfinished_requests()
+                if not busy and holds_pool:   # idle: give the pool back to whoever computes next (system_utils)
+                    release_libgomp_threads()
+                    holds_pool = False
                 self._drain_commands(block=not busy)
                 if self._stop.is_set():
                     break
                 if self.engine.has_unfinished_requests():
                     self._step_once()
+                    holds_pool = True
         except BaseException as error:  # a bug in the loop itself: fail everyone, refuse new requests
             logger.exception("the engine loop died")
             self._dead_error = error

@@ -18,9 +18,12 @@ initialized in this process, then **spawn** (a forked child cannot use the paren
 `MINI_WORKER_MULTIPROC_METHOD=fork|spawn` overrides. Fork is what vLLM picks too when CUDA is not initialized:
 the child starts in milliseconds (spawn re-imports torch and transformers, about 2-4 s per engine on a small
 CPU) and inherits everything the parent built, the course's replaced parts (`mini.roles`) included, however
-they were defined (a notebook's lambdas too). Forking a process whose torch already ran multi-threaded
-kernels would hang the child in its first OpenMP region (measured here); the child therefore runs the core on
-a fresh thread (mini/engine/core_proc.py; tests/test_engine_core_proc.py forks after parent-side kernels).
+they were defined (a notebook's lambdas too). A process whose torch already ran multi-threaded kernels holds a
+GNU OpenMP pool that a forked child inherits as data but not as threads: the child hung in its first parallel
+region on that thread, or, on a fresh thread, ran throttled (12.3 ms a step instead of 7.4, 2 cores). So the
+parent releases its pool just before the fork, as vLLM's `get_mp_context` does (mini/system_utils.py;
+tests/test_openmp_pools.py), and the child still runs the core on a fresh thread (mini/engine/core_proc.py;
+tests/test_engine_core_proc.py forks after parent-side kernels).
 With spawn the parts must be picklable: `make_client` checks before starting and names the switch if not.
 Measured on this 2-core machine (loaded): fork 0.04 s to a running child, spawn 5-6 s (it re-imports torch,
 transformers and mini). The child gets the parent's torch threads, less one where the front end works while the
@@ -71,6 +74,7 @@ from mini.engine.serial_utils import (
 )
 from mini.metrics.stats import SchedulerStats
 from mini.roles import Choices
+from mini.system_utils import release_libgomp_threads
 
 logger = logging.getLogger(__name__)
 
@@ -127,10 +131,8 @@ class EngineCoreClient:
                                  "asyncio callers use mini.engine.async_llm.InprocEngineCore")
             return AsyncMPClient(config, choices, while_starting=while_starting)
         if multiprocess_mode:
-            # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread; with
-            # async scheduling the core's own thread schedules while its worker thread runs the model: one kept.
-            kept = 1 if config.async_scheduling else 0
-            return SyncMPClient(config, choices, front_end_threads=kept, while_starting=while_starting)
+            # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread.
+            return SyncMPClient(config, choices, front_end_threads=0, while_starting=while_starting)
         return InprocClient(config, choices)
 
     is_multiprocess = False
@@ -271,6 +273,8 @@ class MPClient(EngineCoreClient):
             target=run_engine_core, name="mini-engine-core",
             args=(config, choices, input_address, output_address, resources.socket_dir,
                   _torch_threads(front_end_threads)))
+        if method == "fork":
+            release_libgomp_threads()   # or the child hangs in, or throttles, its OpenMP (mini/system_utils.py)
         try:
             resources.proc.start()
             # Started first, then this process's own work, then the wait: the child loads the model while the
@@ -374,16 +378,18 @@ def _torch_threads(front_end_threads: int = 1) -> int:
     `MINI_ENGINE_CORE_THREADS` overrides.
 
     A front end that works while the core steps (the server's asyncio loop, `AsyncMPClient`; a data-parallel
-    core) keeps one: two processes with torch's OpenMP pool each as wide as the CPU oversubscribe it, and
-    OpenMP's spinning barriers then stall. Measured on 2 cores, 64 streaming clients of the server took 48 s
-    with 2 core threads, 5.6 s with 1, 8.2 s in process. (vLLM's CPU backend keeps a core back from its OpenMP
-    threads in every case, vllm/utils/ompmultiprocessing.py, for its engine-core process; there a separate worker
-    process runs the model.) `LLM`'s front end waits while the core steps,
-    so `make_client` gives that core every thread: `LLM.generate` of `python -m mini bench`'s workload ran at
-    1,684-1,795 output tok/s with 1 core thread, 1,925-2,128 with 2, 1,880-2,012 in process (2 cores). Unless
-    the core schedules asynchronously: its scheduling thread then works while the worker thread's OpenMP pool
-    runs the model, and `python -m mini bench async_scheduling --multiprocess` took 14.1-15.5 ms a step with 2
-    core threads, 9.3 with 1 (sync: 8.5 with 2)."""
+    core) keeps one, as vLLM's CPU backend keeps a core back from its OpenMP threads for its engine-core process
+    (vllm/utils/ompmultiprocessing.py; there a separate worker process runs the model). `LLM`'s front end waits
+    while the core steps, so `make_client` gives that core every thread, with async scheduling too: its two
+    threads hold the OpenMP pool in turns (mini/executor/uniproc_executor.py).
+    Measured on 2 cores: `LLM.generate` of `python -m mini bench`'s workload ran at 1,684-1,795 output tok/s with
+    1 core thread, 1,925-2,128 with 2, 1,880-2,012 in process. Before the engine gave OpenMP pools back (at the
+    fork, and between the core's thread and its worker thread: mini/system_utils.py), an async-scheduling core with 2 threads took 14.1-15.5 ms a step against 9.3 with
+    1 (`python -m mini bench async_scheduling --multiprocess`), and 64 streaming clients of the server 48 s with 2
+    core threads against 5.6 s with 1, both likely libgomp's throttling. Since then async scheduling ran at
+    0.95-1.08 of sync with 2 core threads and 0.93-1.02 with 1 (`async_speedup`, 8 runs), and `python -m mini
+    bench serve --concurrency 16,64` peaked at 1,740-1,768 tok/s with 2 and 1,511-2,297 with 1: within the noise
+    both ways, so an async core takes every thread like a sync one, and the server keeps vLLM's rule."""
     forced = os.environ.get(ENV_CORE_THREADS)
     if forced:
         if not forced.isdigit() or int(forced) < 1:

@@ -23,8 +23,8 @@ fatal (`_send_engine_dead`); mini only does so when the recovery itself fails, o
 DEAD with the error, then exits.
 
 Threads and signals: the core (construction included) runs on a fresh thread; the main thread only waits and
-takes signals (see `run_engine_core` for why: GNU OpenMP and fork; vLLM instead calls `omp_pause_resource_all`
-before forking, `_release_libgomp_threads` in vllm/utils/system_utils.py). SIGTERM is the client's shutdown
+takes signals (see `run_engine_core` for why: GNU OpenMP and fork; the parent also releases its OpenMP pool
+before forking, as vLLM's `_release_libgomp_threads` in vllm/utils/system_utils.py: mini/system_utils.py). SIGTERM is the client's shutdown
 request: the busy loop stops after its step, the output queue is flushed, the executor's workers stopped. SIGINT is ignored: a Ctrl-C in a terminal reaches the whole process group, and it is the
 front end's to decide (it shuts the core down when it exits). A parent killed with SIGKILL runs no clean-up,
 so a watcher thread waits on the parent's sentinel (`multiprocessing.parent_process()`, a pipe whose write
@@ -257,6 +257,9 @@ def run_engine_core(config: EngineConfig, choices: Choices | None, input_address
     child this is what keeps torch usable: GNU OpenMP (torch's intra-op pool on CPU) is not fork-safe, and
     a parallel region entered from the forked main thread waits forever for the parent's pool threads
     (tests/test_engine_core_proc.py forks after parent-side kernels); a new thread gets a pool of its own.
+    `make_client` also releases the parent's pool before it forks (mini/system_utils.py): without that, the
+    child's libgomp still counts the parent's workers and throttles the new thread's pool. The fresh thread
+    stays as the second guard, for a libgomp without `omp_pause_resource_all` (before GCC 9).
     `num_threads`: the parent's `torch.get_num_threads()`, which that new thread would not inherit.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)

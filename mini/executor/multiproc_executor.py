@@ -35,7 +35,6 @@ Where mini differs, and why:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
@@ -59,6 +58,7 @@ from mini.engine.exceptions import EngineDeadError
 from mini.executor.abstract import Executor
 from mini.roles import Choices
 from mini.runner_outputs import ModelRunnerOutput
+from mini.system_utils import release_libgomp_threads
 
 # How long shutdown waits for a worker to leave on its own before it is terminated, then killed.
 SHUTDOWN_JOIN_SECONDS = 5.0
@@ -313,23 +313,6 @@ def worker_start_method() -> str:
     if method not in ("fork", "spawn"):
         raise ValueError(f"{START_METHOD_ENV} must be 'fork' or 'spawn', got {method!r}")
     return method
-
-
-def release_libgomp_threads() -> None:
-    """Pause the OpenMP runtime (joins its idle threads) so a forked child can start its own.
-
-    libgomp has no fork handler: a child forked after the parent ran a parallel region hangs in its first
-    one. `omp_pause_resource_all` (OpenMP 5.0) releases the threads; this process recreates them on its
-    next parallel region. vLLM does the same (`_release_libgomp_threads`, vllm/utils/system_utils.py).
-    """
-    try:
-        with open("/proc/self/maps") as maps:   # Linux: the shared objects this process has loaded
-            paths = {line.split()[-1] for line in maps if "libgomp" in line}
-    except OSError:
-        return
-    for path in paths:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(path).omp_pause_resource_all(2)   # omp_pause_hard
 
 
 # ---------------------------------------------------------------------------------- the worker's side
