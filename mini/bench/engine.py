@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peer", default="transformers", choices=("transformers", "llamacpp"),
                         help="what mini is compared with: transformers generate() (default) or llama.cpp through "
                              "llama-cpp-python on the model's GGUF file (pip install -e '.[llamacpp]')")
+    parser.add_argument("--llamacpp-weights", default="f32", choices=("f32", "gguf"),
+                        help="with --peer llamacpp: f32 (default) runs llama.cpp on a float32 copy of the GGUF "
+                             "file, the values mini computes with, at mini's precision; gguf runs the file as "
+                             "shipped (Q4_1 for SmolLM2)")
+    parser.add_argument("--llamacpp-batching", default="batched", choices=("batched", "sequential"),
+                        help="with --peer llamacpp: batched (default) decodes all requests in one llama.cpp batch, "
+                             "as mini does; sequential runs them one after another (llama-cpp-python's generate)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="default float32 on cpu, bfloat16 on cuda (both systems)")

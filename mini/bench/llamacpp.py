@@ -2,18 +2,26 @@
 
 llama.cpp (through `llama-cpp-python`, an optional extra built from its source package: `pip install -e
 '.[llamacpp]'`, several minutes of C++ compilation on 2 cores) is what a user who wants fast CPU inference of a
-small model would pick. Both systems run the same weights: llama.cpp reads the GGUF file itself (SmolLM2 ships as
-Q4_1: 4-bit blocks with a scale and a minimum, and llama.cpp multiplies them in that form, with activations
-quantized to 8 bits), mini dequantizes the same file once into float32 (mini/model/gguf_loader.py) and computes in
-float32. So the weights' values are identical; the arithmetic is not (llama.cpp's is lower precision and moves 8x
-fewer bytes per weight), which is most of why llama.cpp is faster per token on a CPU.
+small model would pick. Both systems run the same weights. SmolLM2 ships only as a Q4_1 GGUF file: 4-bit blocks,
+each with a scale and a minimum. mini dequantizes that file once into float32 (mini/model/gguf_loader.py) and
+computes in float32. llama.cpp can run two versions of it:
+- `--llamacpp-weights f32` (default): a float32 copy of the file whose tensors are exactly the values mini computes
+  with (mini/bench/gguf_float32.py). Same weights, same precision: the comparison is of the two programs.
+- `--llamacpp-weights gguf`: the file as shipped. llama.cpp multiplies the 4-bit blocks as stored, with activations
+  quantized to 8 bits, so it reads 8x fewer bytes per weight than mini does.
 
-The workload is `bench engine`'s (same prompts as token ids, same output lengths, greedy, EOS ignored). What each
-system does with it is what its users get: mini batches every request continuously; llama-cpp-python's `Llama`
-generates one sequence at a time, so its requests run back to back. Reported, as median (min-max) of alternating
-rounds: output tokens per second, time to first token of one request alone (a 1-token generation of each of the
-first prompts), and how many of the greedy outputs agree token for token (they may part after a near-tie: the
-arithmetic differs). Last line: `speedup_vs_llamacpp=X.XX ttft_ratio=Y.YY` (mini's TTFT / llama.cpp's).
+The workload is `bench engine`'s: same prompts as token ids, same output lengths, greedy, EOS ignored. The batch
+is the same too:
+- `--llamacpp-batching batched` (default) decodes all the requests together in one llama.cpp context, one
+  sequence each (mini/bench/llamacpp_batch.py), as mini's continuous batching does when they all fit;
+- `sequential` runs them one after another, which is what llama-cpp-python's `Llama.generate` gives its users.
+
+Reported, as median (min-max) of alternating rounds:
+- output tokens per second;
+- time to first token of one request alone (a 1-token generation of each of the first prompts);
+- how many of the greedy outputs agree token for token (they may part after a near-tie, since the order of the
+  arithmetic differs).
+Last line: `speedup_vs_llamacpp=X.XX ttft_ratio=Y.YY` (mini's TTFT / llama.cpp's).
 """
 
 from __future__ import annotations
@@ -70,40 +78,54 @@ def compare(args: argparse.Namespace) -> int:
         print(f"error: {INSTALL_HINT}")
         return 2
     from mini import LLM
+    from mini.bench.gguf_float32 import float32_gguf
+    from mini.bench.llamacpp_batch import BatchedLlamaCpp
 
     gguf_path = gguf_file_for(args.model)
+    llama_path = str(float32_gguf(gguf_path)) if args.llamacpp_weights == "f32" else gguf_path
     threads = torch.get_num_threads()
     llm = LLM(model=args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               seed=args.seed, attention_backend=args.attention_backend)
-    longest = max(args.prompt_len) + max(args.output_len) + 8
-    llama = Llama(model_path=gguf_path, n_ctx=longest, n_threads=threads, n_threads_batch=threads,
-                  n_batch=512, verbose=False, seed=args.seed)
     workload = make_workload(llm.get_tokenizer(), args.num_prompts, tuple(args.prompt_len),
                              tuple(args.output_len), args.seed)
+    longest = max(args.prompt_len) + max(args.output_len) + 8
+    llama = Llama(model_path=llama_path, n_ctx=longest, n_threads=threads, n_threads_batch=threads,
+                  n_batch=512, verbose=False, seed=args.seed)
+    batched = BatchedLlamaCpp(llama, len(workload.prompts), longest) if args.llamacpp_batching == "batched" else None
+
+    def run_peer(work: Workload) -> tuple[float, list[list[int]]]:
+        return batched.generate(work) if batched is not None else run_llamacpp(llama, work)
+
     first_prompts = Workload(workload.prompts[:4], [1] * 4)
+    weights = ("a float32 copy of it, the values mini computes with" if args.llamacpp_weights == "f32"
+               else "as stored (Q4_1 blocks for SmolLM2, 8-bit activations)")
     print(machine_line(threads, "cpu"))
     print(f"workload: {args.num_prompts} prompts, {workload.num_prompt_tokens} prompt tokens, "
-          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); weights: {gguf_path} "
-          f"(llama.cpp computes on Q4_1 as stored; mini on the same values dequantized to float32)")
+          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); weights: {gguf_path}; llama.cpp runs "
+          f"{weights}, {args.llamacpp_batching}; mini computes in float32, continuous batching")
     generate_greedy(llm, Workload(workload.prompts[:2], [4, 4]))        # warm-up, both
-    run_llamacpp(llama, Workload(workload.prompts[:2], [4, 4]))
+    run_peer(Workload(workload.prompts[:2], [4, 4]))
     times: dict[str, list[float]] = {"mini": [], "llamacpp": [], "mini_ttft": [], "llamacpp_ttft": []}
     same = 0
-    for round_index in range(args.rounds):
-        mini_time, mini_out = generate_greedy(llm, workload)
-        llama_time, llama_out = run_llamacpp(llama, workload)
-        times["mini"].append(mini_time)
-        times["llamacpp"].append(llama_time)
-        times["mini_ttft"].append(statistics.median(
-            generate_greedy(llm, Workload([p], [1]))[0] for p in first_prompts.prompts))
-        times["llamacpp_ttft"].append(statistics.median(
-            run_llamacpp(llama, Workload([p], [1]))[0] for p in first_prompts.prompts))
-        same = agreement(mini_out, llama_out)
-        print(f"round {round_index}: mini {mini_time:.2f}s, llama.cpp {llama_time:.2f}s; time to first token "
-              f"mini {times['mini_ttft'][-1] * 1e3:.0f} ms, llama.cpp {times['llamacpp_ttft'][-1] * 1e3:.0f} ms")
+    try:
+        for round_index in range(args.rounds):
+            mini_time, mini_out = generate_greedy(llm, workload)
+            llama_time, llama_out = run_peer(workload)
+            times["mini"].append(mini_time)
+            times["llamacpp"].append(llama_time)
+            times["mini_ttft"].append(statistics.median(
+                generate_greedy(llm, Workload([p], [1]))[0] for p in first_prompts.prompts))
+            times["llamacpp_ttft"].append(statistics.median(
+                run_peer(Workload([p], [1]))[0] for p in first_prompts.prompts))
+            same = agreement(mini_out, llama_out)
+            print(f"round {round_index}: mini {mini_time:.2f}s, llama.cpp {llama_time:.2f}s; time to first token "
+                  f"mini {times['mini_ttft'][-1] * 1e3:.0f} ms, llama.cpp {times['llamacpp_ttft'][-1] * 1e3:.0f} ms")
+    finally:
+        if batched is not None:
+            batched.close()
     tokens = workload.num_output_tokens
     print(f"mini:       {spread([tokens / t for t in times['mini']])} output tok/s (continuous batching)")
-    print(f"llama.cpp:  {spread([tokens / t for t in times['llamacpp']])} output tok/s (one sequence at a time)")
+    print(f"llama.cpp:  {spread([tokens / t for t in times['llamacpp']])} output tok/s ({args.llamacpp_batching})")
     print(f"time to first token, one request alone: mini {spread([t * 1e3 for t in times['mini_ttft']])} ms, "
           f"llama.cpp {spread([t * 1e3 for t in times['llamacpp_ttft']])} ms")
     print(f"greedy outputs identical token for token: {same} of {len(workload.prompts)}")
