@@ -60,8 +60,8 @@ def _request(processor: InputProcessor, request_id: str, prompt: str, max_tokens
 
 def test_the_core_keeps_a_thread_for_a_front_end_that_works_while_it_steps(monkeypatch):
     """`LLM`'s core (a SyncMPClient from make_client) takes every torch thread: its front end waits while it steps,
-    whether it schedules asynchronously or not. The server's (AsyncMPClient) and a data-parallel core keep one for the front
-    end (at least 1 for the core)."""
+    whether it schedules asynchronously or not. The server's (AsyncMPClient) and a data-parallel core keep one for
+    the front end (at least 1 for the core)."""
     import torch
 
     from mini.engine import core_client

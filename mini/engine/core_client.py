@@ -387,10 +387,10 @@ def _torch_threads(front_end_threads: int = 1) -> int:
     fork, and between the core's thread and its worker thread: mini/system_utils.py), an async-scheduling core
     with 2 threads took 14.1-15.5 ms a step against 9.3 with 1 (`python -m mini bench async_scheduling
     --multiprocess`), and 64 streaming clients of the server 48 s with 2 core threads against 5.6 s with 1, both
-    likely libgomp's throttling. Since then async scheduling ran at
-    0.95-1.08 of sync with 2 core threads and 0.93-1.02 with 1 (`async_speedup`, 8 runs), and `python -m mini
-    bench serve --concurrency 16,64` peaked at 1,740-1,768 tok/s with 2 and 1,511-2,297 with 1: within the noise
-    both ways, so an async core takes every thread like a sync one, and the server keeps vLLM's rule."""
+    likely libgomp's throttling. Since then async scheduling ran at 0.95-1.08 of sync with 2 core threads and
+    0.93-1.02 with 1 (`async_speedup`, 8 runs), and `python -m mini bench serve --concurrency 16,64` peaked at
+    1,740-1,768 tok/s with 2 and 1,511-2,297 with 1: within the noise both ways, so an async core takes every
+    thread like a sync one, and the server keeps vLLM's rule."""
     forced = os.environ.get(ENV_CORE_THREADS)
     if forced:
         if not forced.isdigit() or int(forced) < 1:

@@ -24,13 +24,14 @@ DEAD with the error, then exits.
 
 Threads and signals: the core (construction included) runs on a fresh thread; the main thread only waits and
 takes signals (see `run_engine_core` for why: GNU OpenMP and fork; the parent also releases its OpenMP pool
-before forking, as vLLM's `_release_libgomp_threads` in vllm/utils/system_utils.py: mini/system_utils.py). SIGTERM is the client's shutdown
-request: the busy loop stops after its step, the output queue is flushed, the executor's workers stopped. SIGINT is ignored: a Ctrl-C in a terminal reaches the whole process group, and it is the
-front end's to decide (it shuts the core down when it exits). A parent killed with SIGKILL runs no clean-up,
-so a watcher thread waits on the parent's sentinel (`multiprocessing.parent_process()`, a pipe whose write
-end only the parent holds) and, when the parent is gone, stops the loop, removes the socket directory and
-exits (vLLM's engine core dies with its parent through `prctl(PR_SET_PDEATHSIG)`-like death pipes too;
-mini avoids PDEATHSIG, which fires when the parent *thread* that started the child exits).
+before forking, as vLLM's `_release_libgomp_threads` in vllm/utils/system_utils.py: mini/system_utils.py).
+SIGTERM is the client's shutdown request: the busy loop stops after its step, the output queue is flushed, the
+executor's workers stopped. SIGINT is ignored: a Ctrl-C in a terminal reaches the whole process group, and it is the
+front end's to decide (it shuts the core down when it exits). A parent killed with SIGKILL runs no clean-up, so a
+watcher thread waits on the parent's sentinel (`multiprocessing.parent_process()`, a pipe whose write end only the
+parent holds) and, when the parent is gone, stops the loop, removes the socket directory and exits (vLLM's engine
+core dies with its parent through `prctl(PR_SET_PDEATHSIG)`-like death pipes too; mini avoids PDEATHSIG, which fires
+when the parent *thread* that started the child exits).
 """
 
 from __future__ import annotations
