@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from collections.abc import Callable
 
 OMP_PAUSE_HARD = 2   # omp_pause_resource_t: join the threads and free the pool
 
@@ -40,11 +41,26 @@ def loaded_libgomp_paths() -> set[str]:
         return set()
 
 
+_pause_functions: tuple[Callable[[int], int], ...] = ()
+
+
+def libgomp_pause_functions() -> tuple[Callable[[int], int], ...]:
+    """`omp_pause_resource_all` of each loaded libgomp, looked up once they are found: reading /proc/self/maps
+    takes about half a millisecond, and an async-scheduling engine may release at every step."""
+    global _pause_functions
+    if not _pause_functions:
+        found = []
+        for path in sorted(loaded_libgomp_paths()):
+            with contextlib.suppress(OSError, AttributeError):
+                found.append(ctypes.CDLL(path).omp_pause_resource_all)
+        _pause_functions = tuple(found)
+    return _pause_functions
+
+
 def release_libgomp_threads() -> None:
     """Join the calling thread's idle OpenMP pool (module docstring); libgomp makes a new one when needed."""
-    for path in loaded_libgomp_paths():
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(path).omp_pause_resource_all(OMP_PAUSE_HARD)
+    for pause in libgomp_pause_functions():
+        pause(OMP_PAUSE_HARD)
 
 
-__all__ = ["OMP_PAUSE_HARD", "loaded_libgomp_paths", "release_libgomp_threads"]
+__all__ = ["OMP_PAUSE_HARD", "libgomp_pause_functions", "loaded_libgomp_paths", "release_libgomp_threads"]

@@ -67,6 +67,20 @@ def test_the_probe_sees_a_pool(two_torch_threads):
     assert threads_freed_by_releasing_now(wait_s=0.2) == 0
 
 
+def test_the_pause_functions_are_looked_up_once(two_torch_threads, monkeypatch):
+    """An async engine may release at every step: /proc/self/maps is read once, not at each release."""
+    from mini import system_utils
+
+    assert system_utils.libgomp_pause_functions()           # found (and kept) on a Linux torch
+
+    def no_second_scan() -> set[str]:
+        raise AssertionError("read /proc/self/maps again")
+
+    monkeypatch.setattr(system_utils, "loaded_libgomp_paths", no_second_scan)
+    run_a_parallel_region()
+    assert threads_freed_by_releasing_now() == 1
+
+
 def test_the_engine_core_is_forked_without_the_parents_pool(two_torch_threads, monkeypatch):
     """vLLM's `_release_libgomp_threads` before a fork: the parent's pool is gone when the child starts."""
     at_fork: list[int] = []
