@@ -10,9 +10,20 @@
 - `labs/test_labs.py`: `pytest labs/`, one test per exercise, generated from the phase tables.
 
 See labs/README.md for how a phase is written.
+
+Importing `labs` chooses the engine-core mode of the course: every engine built afterwards runs its core in this
+process (`MINI_ENABLE_V1_MULTIPROCESSING=0`, vLLM's `VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the views, the
+checks and the learner's plugged parts can look inside it, unless the environment already set the switch.
+Every notebook's setup cell starts with `import labs`, so no cell has to remember the variable; phase 15
+builds its engines with the core in a child process explicitly (mini's default, as vLLM's).
 """
 
-from labs.assemble import assemble
-from labs.plugging import lab_names, plug
+import os
+
+os.environ.setdefault("MINI_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the course never downloads: every model ships or is built locally
+
+from labs.assemble import assemble  # noqa: E402 - after the engine-core mode is chosen
+from labs.plugging import lab_names, plug  # noqa: E402
 
 __all__ = ["assemble", "lab_names", "plug"]

@@ -59,6 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         exercise = callspec.params.get("exercise") if callspec is not None else None
         if isinstance(exercise, Exercise):
             item.extra_keyword_matches.update(exercise.keywords)
+            item.extra_keyword_matches.add(exercise.handle(callspec.params["assignment_id"]))
 
 
 def pytest_configure(config: pytest.Config) -> None:

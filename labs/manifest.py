@@ -27,6 +27,8 @@ class Exercise:
     grade_id: str          # the grade id of that test cell
     part: str | None = None  # the part of an engine role it writes (mini/roles.py; None: not pluggable)
     needs_triton: bool = False  # graded only where Triton runs (Linux x86_64)
+    handle_name: str = ""  # its `-k` handle after `pNN_` (default: its check's name without `check_`)
+    design: str = ""  # what the learner designs that the notebook leaves open ("": follows a given contract)
 
     @property
     def keywords(self) -> tuple[str, ...]:
@@ -38,6 +40,12 @@ class Exercise:
         names = (check_name, snake, self.grade_id, self.grade_id.removeprefix("test-").replace("-", "_"))
         return tuple(dict.fromkeys(n for n in names if n and n != self.name))
 
+    def handle(self, assignment_id: str) -> str:
+        """The name `pytest labs/ -k <handle>` selects this exercise alone by: `pNN_<name>`, unique in the
+        course and part of no other exercise's names (`-k` matches substrings), e.g. `p05_schedule`."""
+        name = self.handle_name or getattr(self.check, "__name__", "").removeprefix("check_")
+        return f"p{assignment_id[:2]}_{name}"
+
 
 @dataclass(frozen=True, slots=True)
 class Phase:
@@ -45,6 +53,10 @@ class Phase:
 
     assignment_id: str
     exercises: tuple[Exercise, ...]
+
+    def handles(self) -> dict[str, Exercise]:
+        """`-k` handle -> exercise, in notebook order."""
+        return {exercise.handle(self.assignment_id): exercise for exercise in self.exercises}
 
     def exercise(self, name: str) -> Exercise:
         for exercise in self.exercises:

@@ -795,7 +795,7 @@ def check_beam_search_step(beam_search_step: Callable, seeds: Iterable[int] = ra
 PHASE = Phase("06_engine_loop", (
     Exercise("detokenize_incrementally", check_detokenize_incrementally, points=3, grade_id="test-detokenize",
              part="detokenize_incrementally"),
-    Exercise("check_stop_strings", check_check_stop_strings, points=3, grade_id="test-stop-strings",
+    Exercise("check_stop_strings", check_check_stop_strings, points=3, grade_id="test-stop-strings", handle_name="stop_strings",
              part="check_stop_strings"),
     Exercise("check_stop", check_check_stop, points=2, grade_id="test-check-stop", part="check_stop"),
     Exercise("step", check_step, points=2, grade_id="test-step"),

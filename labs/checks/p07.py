@@ -554,8 +554,8 @@ def stand_in_triton() -> tuple[Any, Any]:
 
 PHASE = Phase("07_attention_kernel", (
     Exercise("online_softmax_update", check_online_softmax_update, points=2, grade_id="test-online-softmax"),
-    Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel", part="_store_kv_kernel", needs_triton=True),
+    Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel", part="_store_kv_kernel", needs_triton=True, handle_name="kernel_store_kv"),
     Exercise("store_kv", check_store_kv, points=1, grade_id="test-store-kv", part="triton_store_kv", needs_triton=True),
-    Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=5, grade_id="test-decode-kernel", part="_paged_decode_kernel", needs_triton=True),
+    Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=5, grade_id="test-decode-kernel", part="_paged_decode_kernel", needs_triton=True, handle_name="kernel_paged_decode"),
     Exercise("paged_decode", check_paged_decode, points=1, grade_id="test-paged-decode", part="paged_decode", needs_triton=True),
 ))
