@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, expect_same_steps, passed, tiny_llama_config
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
 from mini.engine.llm_engine import LLMEngine
@@ -133,6 +134,7 @@ def _kv_hint(expected: int, got: Any, model_config: Any, block_size: int) -> str
     return KV_HINT
 
 
+@graded
 def check_kv_bytes_per_block(kv_bytes_per_block: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = _kv_cases(seeds)
     for engine_fields, model_fields in cases:
@@ -322,12 +324,14 @@ def _check_loop(name: str, loop: Callable, seeds: Iterable[int], cached: bool) -
     return len(cases)
 
 
+@graded
 def check_generate_naive(generate_naive: Callable, seeds: Iterable[int] = range(6)) -> None:
     """The tokens of transformers' greedy `generate`, and at call k the whole sequence (prompt + k tokens)
     with no cache; a failure names the prompt and the first call or token (step) that differs."""
     passed("check_generate_naive", _check_loop("generate_naive", generate_naive, seeds, cached=False))
 
 
+@graded
 def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterable[int] = range(6)) -> None:
     """The same tokens, with the prompt fed once (no cache) then one token per call with the returned cache;
     a failure names the prompt and the first call or token (step) that differs."""

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, expect_same, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.core.block_pool import BlockPool, usable_blocks
 from mini.core.kv_cache_manager import KVCacheManager
@@ -233,6 +234,7 @@ def _check_constant_time(queue_class: type) -> None:
                      "search a list (list.remove / index / `in` compare every element) or walk the queue")
 
 
+@graded
 def check_free_block_queue(queue_class: type, seeds: Iterable[int] = range(20)) -> None:
     fixed = [
         ("popleft",),
@@ -284,6 +286,7 @@ def _expect_value_error(action: Callable[[], Any], what: str, inputs: dict, hint
     )
 
 
+@graded
 def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(20)) -> None:
     num_cases = 0
     for seed in [-1, *seeds]:
@@ -369,6 +372,7 @@ def _prepare_free_case(pool: BlockPool, case: dict[str, Any]) -> list[int]:
     return block_ids
 
 
+@graded
 def check_free_blocks(free_blocks: Callable, seeds: Iterable[int] = range(20)) -> None:
     num_cases = 0
     for seed in [-1, *seeds]:
@@ -479,6 +483,7 @@ def _hit_candidates(manager: KVCacheManager, request_id: str) -> list[int]:
     return list(dict.fromkeys(held + manager.block_pool.free_block_ids()))
 
 
+@graded
 def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(20)) -> None:
     num_cases = 0
     for seed in [-1, *seeds]:

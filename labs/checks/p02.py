@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import _ENGINE_DIR, _LABS_DIR, _LIBRARY_DIRS, calling, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.worker import prepare_inputs as reference
 
@@ -172,6 +173,7 @@ def _req_indices(num_scheduled_tokens: list[int]) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(counts)), counts)
 
 
+@graded
 def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = [*step_cases(seeds), EMPTY_STEP]
     for case in cases:
@@ -190,6 +192,7 @@ def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int
     passed("check_query_start_loc", len(cases))
 
 
+@graded
 def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = step_cases(seeds)
     for case in cases:
@@ -213,6 +216,7 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
     passed("check_positions", len(cases) + 1)
 
 
+@graded
 def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = step_cases(seeds)
     for case in cases:
@@ -265,6 +269,7 @@ _PREPARE_HINTS = {
 }
 
 
+@graded
 def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = [*step_cases(seeds), EMPTY_STEP]
     for case in cases:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.attention import reference
 from mini.attention.metadata import AttentionMetadata, build_attention_metadata
@@ -126,6 +127,7 @@ def _store_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
     return cases
 
 
+@graded
 def check_store_kv(store_kv: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = _store_cases(seeds)
     for number, case in enumerate(cases):
@@ -170,6 +172,7 @@ def check_store_kv(store_kv: Callable, seeds: Iterable[int] = range(20)) -> None
 
 
 # ----------------------------------------------------------------------------------------- gather_kv
+@graded
 def check_gather_kv(gather_kv: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = []
     for batch in _batches(seeds):
@@ -231,6 +234,7 @@ def sdpa_reference(
     return output
 
 
+@graded
 def check_paged_attention(paged_attention: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = [*_batches(seeds), {**WORKED_EXAMPLE, "dtype": torch.bfloat16}]  # the model runs in bf16 too
     for number, batch in enumerate(cases):

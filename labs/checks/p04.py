@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed, tiny_llama_config
+from labs.checks.grading import graded
 from labs.checks.p02 import WORKED_EXAMPLE, step_cases
 from labs.manifest import Exercise, Phase
 from mini.worker import model_runner as runner
@@ -101,6 +102,7 @@ def _bf16_bits_differ(expected: torch.Tensor, got: Any) -> float:
     return float((got != expected).float().mean())
 
 
+@graded
 def check_rms_norm(rms_norm: Callable, seeds: Iterable[int] = range(20)) -> None:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -151,6 +153,7 @@ def check_rms_norm(rms_norm: Callable, seeds: Iterable[int] = range(20)) -> None
 
 
 # -------------------------------------------------------------------------------------- apply_rotary
+@graded
 def check_apply_rotary(apply_rotary: Callable, seeds: Iterable[int] = range(20)) -> None:
     import transformers
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -199,6 +202,7 @@ def check_apply_rotary(apply_rotary: Callable, seeds: Iterable[int] = range(20))
 
 
 # -------------------------------------------------------------------------- build_attention_metadata
+@graded
 def check_build_attention_metadata(
     build_attention_metadata: Callable, seeds: Iterable[int] = range(20)
 ) -> None:
@@ -300,6 +304,7 @@ def _recording_lm_head(model: Any) -> Iterator[list[int]]:
         del model.compute_logits
 
 
+@graded
 def check_run_model(run_model: Callable, seeds: Iterable[int] = range(3)) -> None:
     hf_model, model = tiny_models()
     scenarios = [_scenario(None), *(_scenario(random.Random(seed)) for seed in seeds)]
@@ -599,6 +604,7 @@ def _update_states_hint(key: str, expected: Any, got: Any, scheduler_output: Any
             "(the BatchUpdate lists the rows added, removed and moved this step)")
 
 
+@graded
 def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)) -> None:
     from mini.worker.model_runner import ModelRunner
 

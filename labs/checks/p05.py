@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, counterexample, expect_equal, passed
+from labs.checks.grading import graded
 from labs.checks.p02 import expect_same_tokens  # noqa: F401  (the plug cell imports it from here)
 from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
@@ -104,6 +105,7 @@ def _num_tokens_cases(seeds: Iterable[int]) -> list[dict[str, int]]:
     return cases
 
 
+@graded
 def check_num_tokens_to_schedule(num_tokens_to_schedule: Callable, seeds: Iterable[int] = range(40)) -> None:
     cases = _num_tokens_cases(seeds)
     for inputs in cases:
@@ -149,6 +151,7 @@ def _victim_cases(seeds: Iterable[int]) -> list[tuple[list[tuple[int, float]], S
     return cases
 
 
+@graded
 def check_select_preemption_victim(
     select_preemption_victim: Callable, seeds: Iterable[int] = range(40)
 ) -> None:
@@ -456,6 +459,7 @@ def run_schedule(
     return log
 
 
+@graded
 def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None:
     cases = [
         worked_workload(),

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.config import SHIPPED_MODEL_DIR
 from mini.core.request import Request, RequestStatus
@@ -113,6 +114,7 @@ def _detok_streams(tokenizer: Any, seeds: Iterable[int]) -> list[tuple[list[int]
     return streams
 
 
+@graded
 def check_detokenize_incrementally(
     detokenize_incrementally: Callable, seeds: Iterable[int] = range(12)
 ) -> None:
@@ -183,6 +185,7 @@ def _stop_string_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
     return cases
 
 
+@graded
 def check_check_stop_strings(check_stop_strings: Callable, seeds: Iterable[int] = range(40)) -> None:
     cases = _stop_string_cases(seeds)
     for case in cases:
@@ -324,6 +327,7 @@ def make_request(case: dict[str, Any]) -> Request:
     return request
 
 
+@graded
 def check_check_stop(check_stop: Callable, seeds: Iterable[int] = range(60)) -> None:
     cases = [*FIXED_REQUESTS, *(_request_case(random.Random(seed)) for seed in seeds)]
     for case in cases:
@@ -444,6 +448,7 @@ def _run(engine: Any, step: Callable[[], Any], workload: list[dict[str, Any]], m
     return log
 
 
+@graded
 def check_step(step: Callable, seeds: Iterable[int] = range(2)) -> None:
     """Run the same workloads through LLMEngine.step and through `step(engine)`; compare each step."""
     engine = _engine()
@@ -582,6 +587,7 @@ def _parallel_case(seed: int | None) -> dict[str, Any]:
             "temperature": rng.choice([0.5, 1.0]), "max_tokens": rng.randint(1, 9)}
 
 
+@graded
 def check_parent_request(ParentRequest: Callable, seeds: Iterable[int] = range(24),
                          output_kinds: Iterable[RequestOutputKind] = _KINDS) -> None:
     """Fan a parent out into its n children, then feed the children's outputs back, call by call."""
@@ -728,6 +734,7 @@ def _beam_row(beam: Any, length_penalty: float) -> str:
         return repr(beam)[:200]
 
 
+@graded
 def check_beam_search_step(beam_search_step: Callable, seeds: Iterable[int] = range(60)) -> None:
     """One step on fixed and seeded random logprob tables (quarter values, so ties are common)."""
     from mini import beam_search as reference_beam

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import NotImplementedYet, calling, expect_equal, first_difference, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from labs.views import kernel_access
 from mini.attention import reference, triton_utils
@@ -112,6 +113,7 @@ def _softmax_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
     return cases
 
 
+@graded
 def check_online_softmax_update(online_softmax_update: Callable, seeds: Iterable[int] = range(10)) -> None:
     cases = _softmax_cases(seeds)
     for case in cases:
@@ -315,6 +317,7 @@ def _check_store(name: str, run: Callable[[dict[str, Any]], None], seeds: Iterab
     passed(f"check_{name.lstrip('_')}", len(cases))
 
 
+@graded
 def check_store_kv_kernel(_store_kv_kernel: Any, seeds: Iterable[int] = range(6)) -> None:
     """Your kernel, launched exactly as mini.attention.triton_paged.store_kv launches its own (the engine's
     Triton backend passes its kernel the same way, as `store_kv`'s `_store_kv_kernel` argument)."""
@@ -328,6 +331,7 @@ def check_store_kv_kernel(_store_kv_kernel: Any, seeds: Iterable[int] = range(6)
     _check_store("_store_kv_kernel", run, seeds)
 
 
+@graded
 def check_store_kv(store_kv: Callable, seeds: Iterable[int] = range(6)) -> None:
     """Your launch wrapper: store_kv(key, value, kv_cache, slot_mapping) -> None, writing in place."""
     __tracebackhide__ = True
@@ -484,6 +488,7 @@ def _short_value(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 4] + " ..."
 
 
+@graded
 def check_paged_decode_kernel(_paged_decode_kernel: Any, seeds: Iterable[int] = range(6)) -> None:
     """Your kernel, launched exactly as mini.attention.triton_paged.paged_decode launches its own (as its
     `_paged_decode_kernel` argument, the way the engine's Triton backend passes its kernel)."""
@@ -497,6 +502,7 @@ def check_paged_decode_kernel(_paged_decode_kernel: Any, seeds: Iterable[int] = 
     _check_decode("_paged_decode_kernel", run, seeds)
 
 
+@graded
 def check_paged_decode(paged_decode: Callable, seeds: Iterable[int] = range(6)) -> None:
     """Your launch wrapper: paged_decode(query, kv_cache, metadata, scale) -> output like query."""
     __tracebackhide__ = True

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import CountTorchCalls, calling, counterexample, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.sample.logprobs import gather_logprobs as reference_gather_logprobs
 from mini.sample.ops.bad_words import apply_bad_words as reference_apply_bad_words
@@ -67,6 +68,7 @@ def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
 
 
 # ---------------------------------------------------------------- temperature
+@graded
 def check_apply_temperature(apply_temperature: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = [
         (worked_logits(), torch.tensor([1.0, 0.5, 0.0]), False),
@@ -156,6 +158,7 @@ def first_difference(expected: torch.Tensor, got: torch.Tensor) -> tuple[int, in
     return None if wrong.numel() == 0 else (int(wrong[0, 0]), int(wrong[0, 1]))
 
 
+@graded
 def check_apply_bad_words(apply_bad_words: Callable, seeds: Iterable[int] = range(40)) -> None:
     cases = _bad_words_cases(seeds)
     for logits, bad_words, outputs in cases:
@@ -320,6 +323,7 @@ def _count_calls(apply_top_k_top_p: Callable, num_rows: int) -> int:
     return counter.count
 
 
+@graded
 def check_apply_top_k_top_p(apply_top_k_top_p: Callable, seeds: Iterable[int] = range(30)) -> None:
     cases = _top_k_top_p_cases(seeds)
     for logits, k, p in cases:
@@ -375,6 +379,7 @@ def _race_with_tensor_exponential(probs: torch.Tensor, generators: dict[int, tor
     return probs.div_(noise).argmax(dim=-1).view(-1)
 
 
+@graded
 def check_random_sample(random_sample: Callable, seeds: Iterable[int] = range(20)) -> None:
     hint = (
         "race[row] ~ Exp(1) per token, drawn for a seeded row with exponentials_(race[row], generator) "
@@ -472,6 +477,7 @@ def check_random_sample(random_sample: Callable, seeds: Iterable[int] = range(20
 
 
 # ---------------------------------------------------------------- logprobs
+@graded
 def check_gather_logprobs(gather_logprobs: Callable, seeds: Iterable[int] = range(20)) -> None:
     worked = torch.tensor(WORKED_PROBS).log().repeat(3, 1).log_softmax(dim=-1)
     cases = [

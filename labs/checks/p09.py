@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
+from labs.checks.grading import graded
 from labs.checks.p08 import first_difference
 from labs.manifest import Exercise, Phase
 from mini.sample.logits_processor.builtin import LogitBiasLogitsProcessor as ReferenceLogitBias
@@ -139,6 +140,7 @@ def _count_penalty_calls(apply_all_penalties: Callable, num_rows: int) -> int:
     return counter.count
 
 
+@graded
 def check_apply_all_penalties(apply_all_penalties: Callable, seeds: Iterable[int] = range(30)) -> None:
     cases = _penalty_cases(seeds)
     for case in cases:
@@ -280,6 +282,7 @@ def _describe(update: BatchUpdate | None) -> str:
     return f"BatchUpdate(batch_size={update.batch_size}, removed={list(update.removed)}, added={added}, moved={moved})"
 
 
+@graded
 def check_process_dict_updates(process_dict_updates: Callable, seeds: Iterable[int] = range(5)) -> None:
     def new_state(params, prompt_ids, output_ids):
         return (prompt_ids[0], params.min_tokens) if params.min_tokens > 0 else None
@@ -423,6 +426,7 @@ MIN_P_HINT = ("min-p works on PROBABILITIES of each row (softmax of the tempered
               "logit stay exactly as they were. Follow the rows through removes -> adds -> moves")
 
 
+@graded
 def check_min_p_processor(processor_class: type, seeds: Iterable[int] = range(5)) -> None:
     name = processor_class.__name__
     params = [SamplingParams(temperature=1.0, min_p=m) for m in WORKED_MIN_P]
@@ -458,6 +462,7 @@ LOGIT_BIAS_HINT = ("ADD (not set) logit_bias[token] to that token's logit in the
                    "must follow it")
 
 
+@graded
 def check_logit_bias_processor(processor_class: type, seeds: Iterable[int] = range(5)) -> None:
     name = processor_class.__name__
     params = [SamplingParams(logit_bias=bias) for bias in WORKED_LOGIT_BIAS]
@@ -481,6 +486,7 @@ def check_logit_bias_processor(processor_class: type, seeds: Iterable[int] = ran
 
 
 # ---------------------------------------------------------------- min tokens
+@graded
 def check_min_tokens_processor(processor_class: type, seeds: Iterable[int] = range(5)) -> None:
     num_cases = _run_processor_fuzz(
         processor_class, ReferenceMinTokens, argmax_invariant=False,
@@ -549,6 +555,7 @@ def _condense_cases(seeds: Iterable[int]) -> list[list[tuple[list[str], list[str
     return cases
 
 
+@graded
 def check_condense(condense: Callable, seeds: Iterable[int] = range(30)) -> None:
     cases = _condense_cases(seeds)
     for steps in cases:

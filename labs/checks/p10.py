@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labs.checks.common import NotImplementedYet, _where_it_raised, calling, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini import roles
 from mini.core import kv_cache_utils
@@ -79,6 +80,7 @@ def _hash_cases(rng: random.Random, num_cases: int) -> list[dict[str, Any]]:
     return cases
 
 
+@graded
 def check_hash_block_tokens(candidate: Callable, seeds: Iterable[int] = range(5)) -> None:
     reference = _reference("hash_block_tokens")
     functions = _hash_functions()
@@ -99,6 +101,7 @@ def check_hash_block_tokens(candidate: Callable, seeds: Iterable[int] = range(5)
 
 
 # ---------------------------------------------------------------- hash_request_tokens
+@graded
 def check_hash_request_tokens(candidate: Callable, seeds: Iterable[int] = range(10)) -> None:
     reference, block_hash = _reference("hash_request_tokens"), _reference("hash_block_tokens")
     fixed = [(4, list(range(10)), None, 0), (4, list(range(8)), "tenant-a", 0), (16, list(range(55)), None, 1),
@@ -438,6 +441,7 @@ _CACHE_FULL_HINTS = {
 }
 
 
+@graded
 def check_cache_full_blocks(candidate: Callable, seeds: Iterable[int] = range(6)) -> None:
     num_steps = _workloads("cache_full_blocks", candidate, seeds, _CACHE_FULL_HINTS)
     passed("check_cache_full_blocks", num_steps)
@@ -508,6 +512,7 @@ def _lookup_hint(case: dict[str, Any], expected: tuple, got: tuple) -> str:
     return _LOOKUP_HINT
 
 
+@graded
 def check_get_computed_blocks(candidate: Callable, seeds: Iterable[int] = range(6)) -> None:
     name, num_cases, seeds = "get_computed_blocks", 0, list(seeds)
     for case in _lookup_cases(seeds):
@@ -560,6 +565,7 @@ def _evict_cases() -> list[tuple[str, list[tuple[int, str]], int]]:
     ]
 
 
+@graded
 def check_maybe_evict_cached_block(candidate: Callable, seeds: Iterable[int] = range(6)) -> None:
     name = "_maybe_evict_cached_block"
     num_cases = 0
@@ -598,6 +604,7 @@ _TOUCH_HINT = ("skip the null block (block 0: never in the free queue, its ref_c
                "(ref_cnt 0) leaves the free queue; every other touched block gets one more reference")
 
 
+@graded
 def check_touch(candidate: Callable, seeds: Iterable[int] = range(20)) -> None:
     num_cases = 0
     for seed in seeds:

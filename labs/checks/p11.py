@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from labs.checks.common import CountTorchCalls, calling, expect_equal, expect_same, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini import roles
 from mini.structured_output.dfa import DEAD, DFA, build_dfa, byte_classes
@@ -55,6 +56,7 @@ def _regexes(seeds: Iterable[int]) -> list[str]:
 
 
 # ---------------------------------------------------------------- epsilon_closure
+@graded
 def check_epsilon_closure(candidate: Callable, seeds: Iterable[int] = range(10)) -> None:
     reference = _reference("epsilon_closure")
     num_cases = 0
@@ -90,6 +92,7 @@ def canonical(table: list[list[int]], accepting: list[bool]) -> tuple[list[list[
     return renamed, [bool(accepting[old]) for old in queue]
 
 
+@graded
 def check_subset_construction(candidate: Callable, seeds: Iterable[int] = range(10)) -> None:
     reference = _reference("subset_construction")
     num_cases = 0
@@ -121,6 +124,7 @@ def _random_vocab(rng: random.Random) -> list[bytes | None]:
     return vocab
 
 
+@graded
 def check_allowed_token_ids(candidate: Callable, seeds: Iterable[int] = range(10)) -> None:
     reference = _reference("allowed_token_ids")
     num_cases = 0
@@ -154,6 +158,7 @@ def _bit(words: np.ndarray, token: int) -> int:
     return int((int(words[word]) & 0xFFFFFFFF) >> (token % 32) & 1) if word < len(words) else 0
 
 
+@graded
 def check_pack_allowed(candidate: Callable, seeds: Iterable[int] = range(20)) -> None:
     reference = _reference("pack_allowed")
     cases = [([0, 1, 31], 32), ([31, 32], 40), ([], 5), (list(range(70)), 70)]
@@ -181,6 +186,7 @@ def check_pack_allowed(candidate: Callable, seeds: Iterable[int] = range(20)) ->
 
 
 # ---------------------------------------------------------------- apply_token_bitmask_inplace
+@graded
 def check_apply_token_bitmask_inplace(candidate: Callable, seeds: Iterable[int] = range(10)) -> None:
     reference = _reference("apply_token_bitmask_inplace")
     pack = _reference("pack_allowed")

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini import roles
 
@@ -90,6 +91,7 @@ def _random_ngram_case(rng: random.Random) -> dict[str, Any]:
             "max_model_len": rng.choice([None, None, len(tokens) + rng.randint(0, 3)])}
 
 
+@graded
 def check_propose_ngram(propose_ngram: Callable, seeds: Iterable[int] = range(30)) -> None:
     reference = _reference("propose_ngram")
     cases = list(NGRAM_WORKED)
@@ -135,6 +137,7 @@ def _residual_cases(seed: int) -> list[tuple[torch.Tensor, torch.Tensor | None, 
     return [(target, draft, tokens), (target, None, tokens)]
 
 
+@graded
 def check_compute_residual_probs(compute_residual_probs: Callable, seeds: Iterable[int] = range(20)) -> None:
     reference = _reference("compute_residual_probs")
     cases = [(torch.tensor(WORKED_TARGET), torch.tensor(WORKED_DRAFT), torch.tensor(WORKED_DRAFT_TOKENS)),
@@ -423,6 +426,7 @@ def _check_distributions(rejection_sample: Callable) -> int:
     return num_cases
 
 
+@graded
 def check_rejection_sample(rejection_sample: Callable, seeds: Iterable[int] = range(20)) -> None:
     reference = _reference("rejection_sample")
     num_cases = 0
@@ -538,6 +542,7 @@ def _owner_of_kept_row(case_expected_last: list[int], index: int) -> int:
     return len(case_expected_last) - 1
 
 
+@graded
 def check_prepare_eagle_inputs(prepare_eagle_inputs: Callable, seeds: Iterable[int] = range(30)) -> None:
     reference = _reference("prepare_eagle_inputs")
     cases = [_worked_eagle_case()]
@@ -605,6 +610,7 @@ def _slots_call(function: Callable, case: dict[str, Any]) -> Any:
                     case["max_model_len"])
 
 
+@graded
 def check_compute_draft_slots(compute_draft_slots: Callable, seeds: Iterable[int] = range(40)) -> None:
     reference = _reference("compute_draft_slots")
     cases = [_worked_slots_case()] + [_random_slots_case(random.Random(seed)) for seed in seeds]

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.engine import EngineCoreOutput
 from mini.engine.async_llm import RequestOutputCollector
@@ -82,6 +83,7 @@ def _by_index(summary: dict[str, Any]) -> dict[str, Any]:
     return {**summary, "outputs": sorted(summary["outputs"], key=lambda c: c["index"])}
 
 
+@graded
 def check_merge_delta_outputs(candidate: Callable, seeds: Iterable[int] = range(30)) -> None:
     num_cases = 0
     for seed in seeds:
@@ -340,6 +342,7 @@ async def _check_handler_case(candidate: Callable, seed: int) -> int:
     return steps
 
 
+@graded
 def check_output_handler_step(candidate: Callable, seeds: Iterable[int] = range(12)) -> None:
     async def run() -> int:
         return sum([await _check_handler_case(candidate, seed) for seed in seeds])
@@ -484,6 +487,7 @@ async def _check_stream_case(candidate: Callable, seed: int) -> None:
                      "the handler finished normally")
 
 
+@graded
 def check_generate_stream(candidate: Callable, seeds: Iterable[int] = range(9)) -> None:
     seeds = list(seeds)
 
@@ -548,6 +552,7 @@ def _blocks_cases(seeds: Iterable[int]) -> list[tuple[MemoryProfile, float, int,
     return cases
 
 
+@graded
 def check_determine_num_gpu_blocks(candidate: Callable, seeds: Iterable[int] = range(40)) -> None:
     cases = _blocks_cases(seeds)
     for profile, util, per_block, block_size, max_model_len in cases:

@@ -21,6 +21,7 @@ from typing import Any
 
 from labs.assemble import CheckResult, find_breaking_component, first_divergence, phase_scores
 from labs.checks.common import calling, counterexample, expect_equal, passed
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 
 # ---------------------------------------------------------------- first_divergence
@@ -83,6 +84,7 @@ def _divergence_hint(expected_tokens: list[list[int]], got_tokens: list[list[int
     return f"prompt {index}: the first token position where the two lists differ. " + FIRST_DIVERGENCE_RULE
 
 
+@graded
 def check_first_divergence(first_divergence_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = list(FIXED_DIVERGENCES)
     for seed in seeds:
@@ -201,6 +203,7 @@ def _engine_case() -> tuple[list[str], _Oracle]:
     return components, _Oracle(components, "compute_positions", run)
 
 
+@graded
 def check_find_breaking_component(find_breaking_component_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
     num_cases = 0
     fixed = [(BISECT_EXAMPLE, "apply_rotary"), (BISECT_EXAMPLE, None), (BISECT_EXAMPLE, "compute_positions"),
@@ -286,6 +289,7 @@ def _scores_hint(card: list[CheckResult], expected: dict, got: Any) -> tuple[str
             "appearance. " + PHASE_SCORES_RULE), f"expected order {list(expected)}, got {list(got)}"
 
 
+@graded
 def check_phase_scores(phase_scores_fn: Callable, seeds: Iterable[int] = range(20)) -> None:
     cards = [EXAMPLE_CARD]
     for seed in seeds:

@@ -38,6 +38,7 @@ import torch
 
 from labs.checks.common import calling, expect_same, expect_same_steps, passed
 from labs.checks.fake_tp_group import run_ranks
+from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini import roles
 from mini.model import parallel_linear, vocab_parallel_embedding
@@ -88,6 +89,7 @@ def _run_row(cls: type, case: tuple, seed: int) -> tuple[list[torch.Tensor], lis
     return run_ranks(tp, rank_fn)
 
 
+@graded
 def check_row_parallel_linear(candidate: type, seeds: Iterable[int] = range(6)) -> None:
     """`candidate` is a RowParallelLinear subclass with the learner's `forward`."""
     __tracebackhide__ = True
@@ -155,6 +157,7 @@ def _run_embed(cls: type, case: tuple, seed: int) -> tuple[list[Any], list[dict[
     return run_ranks(tp, rank_fn)
 
 
+@graded
 def check_vocab_parallel_embedding(candidate: type, seeds: Iterable[int] = range(6)) -> None:
     """`candidate` is a VocabParallelEmbedding subclass with the learner's `forward`."""
     __tracebackhide__ = True
@@ -234,6 +237,7 @@ def _load_qkv(cls: type, case: tuple, seed: int) -> list[dict[str, torch.Tensor]
     return ranks
 
 
+@graded
 def check_qkv_weight_loader(candidate: type, seeds: Iterable[int] = range(8)) -> None:
     """`candidate` is a QKVParallelLinear subclass with the learner's `weight_loader`."""
     __tracebackhide__ = True
@@ -399,6 +403,7 @@ def _strip_tag(steps: list[Any], tag: str) -> list[Any]:
     return json.loads(json.dumps(steps, default=str).replace(f"{tag}-", "req-"))
 
 
+@graded
 def check_busy_loop(candidate: type, seeds: Iterable[int] = ()) -> None:
     """`candidate` is an EngineCoreProc subclass with the learner's `_process_input_queue` and
     `_process_engine_step`; run over the scripted queue (then one variant per seed), iteration by iteration,
@@ -446,6 +451,7 @@ def _route_case(seed: int) -> tuple:
     return counts, [rng.randint(0, 3) for _ in range(n)], rng.randrange(n), rng.choice([1, 1, 2, 3])
 
 
+@graded
 def check_get_core_engine_for_request(candidate: Any, seeds: Iterable[int] = range(40)) -> None:
     __tracebackhide__ = True
     from mini.engine import dp_routing
