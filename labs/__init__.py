@@ -23,7 +23,7 @@ import os
 os.environ.setdefault("MINI_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the course never downloads: every model ships or is built locally
 
-from labs.assemble import assemble  # noqa: E402 - after the engine-core mode is chosen
-from labs.plugging import lab_names, plug  # noqa: E402
+from labs.assemble import assemble
+from labs.plugging import lab_names, plug
 
 __all__ = ["assemble", "lab_names", "plug"]

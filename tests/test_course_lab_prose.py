@@ -26,11 +26,11 @@ from labs.course.notebook_format import read_notebook
 from labs.course.release import REPO_ROOT
 from labs.manifest import Phase, all_phases
 
-FOLD = re.compile(r"<details>\s*<summary>(.*?)</summary>(.*?)</details>", re.S)
+FOLD = re.compile(r"<details>\s*<summary>(.*?)</summary>(.*?)</details>", re.DOTALL)
 HINT_SUMMARY = re.compile(r"<summary>\s*(?:\*\*)?Hint (\d)\b")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
-FENCE = re.compile(r"```[A-Za-z]*\n(.*?)```", re.S)
-SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+FENCE = re.compile(r"```[A-Za-z]*\n(.*?)```", re.DOTALL)
+SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.DOTALL)
 OPERATOR = re.compile(r"[=+\-*/<>%&|\[]")
 MIN_PIECE = 16
 
