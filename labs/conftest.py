@@ -5,8 +5,9 @@
     pytest labs/ --notebooks DIR   # grade DIR/NN_topic/NN_topic.ipynb (e.g. a student's submission);
                                    # a phase with no notebook in DIR is skipped as "not submitted"
 
-A lab test asks for the `answers` fixture and calls `answers("01_paged_kv").get("name")`: the
-object the learner defined in that notebook's answer cell, or an AssertionError that says why not.
+A lab test asks for the `notebook_path` fixture (`notebook_path("01_paged_kv")`: the notebook to grade, or a
+skip when a student did not submit that phase) and grades one exercise of it in a child process
+(labs/checks/grading.py). The `answers` fixture loads a notebook's answers in this process (tests use it).
 
 `-k` selects an exercise by its test id (`01_paged_kv::FreeKVCacheBlockQueue`) and by its other names
 (`Exercise.keywords`: `-k free_block_queue`, the snake_case name of its check, or `-k test-free-block-queue`).
@@ -69,6 +70,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"labs: grading notebooks in {notebook_dir(config)}"
+
+
+@pytest.fixture(scope="session")
+def notebook_path(request: pytest.FixtureRequest):
+    """notebook_path(assignment_id) -> the path of that phase's notebook to grade."""
+    root = notebook_dir(request.config)
+
+    def find(assignment_id: str) -> Path:
+        path = root / assignment_id / f"{assignment_id}.ipynb"
+        if not path.is_file():
+            if request.config.getoption("--notebooks"):  # a student's folder: the phase was not handed in
+                pytest.skip(f"not submitted: {assignment_id} ({path} does not exist)")
+            pytest.fail(f"notebook not found: {path}", pytrace=False)
+        return path
+
+    return find
 
 
 @pytest.fixture(scope="session")

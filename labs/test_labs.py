@@ -8,7 +8,8 @@
 
 Each test loads the answer cells of its phase's notebook (labs/course/answers.py: the setup cell, then
 every answer cell on its own, so a broken cell fails only its own exercises) and runs the exercise's check
-on what the learner defined.
+on what the learner defined, both in a child process with CPU-time and memory limits
+(labs/checks/grading.py): a crash, a hang or a runaway allocation fails that exercise alone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from labs.checks import p07
+from labs.checks.grading import grade_exercise
 from labs.manifest import all_phases
 
 CASES = [
@@ -28,5 +30,5 @@ CASES = [
 
 
 @pytest.mark.parametrize(("assignment_id", "exercise"), CASES)
-def test_exercise(answers, assignment_id, exercise):
-    exercise.check(answers(assignment_id).get(exercise.name))
+def test_exercise(notebook_path, assignment_id, exercise):
+    grade_exercise(notebook_path(assignment_id), assignment_id, exercise)
