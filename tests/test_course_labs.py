@@ -128,17 +128,57 @@ def test_phases_a_student_did_not_submit_are_skipped_as_not_submitted(tmp_path, 
 
 
 
-def test_k_selects_an_exercise_by_its_name_and_its_snake_case_name():
-    """`pytest labs/ -k free_block_queue` (the check's snake_case name, what a learner types after reading
-    `check_free_block_queue`) and `-k FreeKVCacheBlockQueue` (the test id) both select phase 01's first lab."""
+HANDLE_PROBE = """
+import json, os
+import pytest
+from _pytest.mark import KeywordMatcher
+from _pytest.mark.expression import Expression
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    from labs.manifest import all_phases
+    handles = [e.handle(p.assignment_id) for p in all_phases() for e in p.exercises]
+    selected = {h: [i.nodeid for i in items if Expression.compile(h).evaluate(KeywordMatcher.from_item(i))]
+                for h in handles}
+    with open(os.environ["HANDLE_PROBE_OUT"], "w") as out:
+        json.dump(selected, out)
+"""
+
+
+def _collect(tmp_path: Path, *args: str, probe: bool = False) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "HANDLE_PROBE_OUT": str(tmp_path / "handles.json")}
+    extra = ["-p", "handle_probe"] if probe else []
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "labs/", "--collect-only", "-q", "-p", "no:cacheprovider", *extra, *args],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    return [line for line in result.stdout.splitlines() if "::test_exercise[" in line]
+
+
+def test_k_with_an_exercise_handle_selects_that_exercise_alone(tmp_path):
+    """Every exercise's handle (`pNN_name`, printed under its heading in the notebook) selects exactly that
+    exercise under pytest's own `-k` matching (substrings of every name, keyword and parent of a test)."""
+    import json
+
+    (tmp_path / "handle_probe.py").write_text(HANDLE_PROBE)
+    _collect(tmp_path, probe=True)
+    selected = json.loads((tmp_path / "handles.json").read_text())
+    expected = {e.handle(p.assignment_id): f"labs/test_labs.py::test_exercise[{p.assignment_id}::{e.name}]"
+                for p in all_phases() for e in p.exercises}
+    assert set(selected) == set(expected)
+    wrong = {h: ids for h, ids in selected.items() if ids != [expected[h]]}
+    assert not wrong, f"handles that do not select exactly their exercise: {wrong}"
+    # the probe agrees with a real `-k` run
+    for handle in ("p03_paged_attention", "p07_store_kv", "p06_check_stop"):
+        assert _collect(tmp_path, "-k", handle) == [expected[handle]], handle
+
+
+def test_k_selects_an_exercise_by_its_name_and_its_snake_case_name(tmp_path):
+    """`pytest labs/ -k free_block_queue` (the check's snake_case name) and `-k FreeKVCacheBlockQueue` (the test
+    id) also select phase 01's first lab: names that happen to be unique work too."""
     exercise = all_phases()[1].exercise("FreeKVCacheBlockQueue")
     assert {"free_block_queue", "free_kv_cache_block_queue", "test-free-block-queue"} <= set(exercise.keywords)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     for keyword in ("free_block_queue", "FreeKVCacheBlockQueue", "free_kv_cache_block_queue"):
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "labs/", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", keyword],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-        )
-        selected = [line for line in result.stdout.splitlines() if "::test_exercise[" in line]
-        assert selected == ["labs/test_labs.py::test_exercise[01_paged_kv::FreeKVCacheBlockQueue]"], (
-            keyword, result.stdout[-2000:])
+        assert _collect(tmp_path, "-k", keyword) == [
+            "labs/test_labs.py::test_exercise[01_paged_kv::FreeKVCacheBlockQueue]"], keyword

@@ -1,39 +1,90 @@
-"""Every source notebook in solutions/ executes top to bottom without an error (on the python3 kernel,
-from its own folder, as a learner or `nbgrader autograde` runs it)."""
+"""The learner's path: every learner notebook runs as JupyterLab runs it (issue 38).
+
+Each notebook of the release (what `phases/` holds in a fresh clone, generated into a temporary folder) runs in
+a fresh `python3` kernel started by a subprocess (tests/learner_kernel.py) whose environment has no `MINI_*`
+variable and no pytest plumbing (no PYTEST_*, no PYTHONPATH, no thread or offline settings of the suite's),
+from the notebook's own folder, top to bottom:
+
+* **answered**: every answer cell holds the solution's code (the whole release answered, so the capstone
+  assembles answered notebooks): every cell runs, and each "Plug it in" reports the same output as the
+  reference;
+* **untouched**: as released, it runs to the first exercise check, which stops with "not implemented yet";
+  nothing before it fails.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
-import nbformat
 import pytest
 
-from labs.course.release import REPO_ROOT, list_assignments
+from labs.course.notebook_format import read_notebook, write_normalized
+from labs.course.release import REPO_ROOT, list_assignments, write_release
 
-CELL_TIMEOUT_S = 300
+RUNNER = Path(__file__).resolve().parent / "learner_kernel.py"
+# What a learner's shell passes on; nothing of the suite's (MINI_*, PYTEST_*, PYTHONPATH, OMP_NUM_THREADS,
+# HF_HUB_OFFLINE, TOKENIZERS_PARALLELISM, MPLBACKEND ...).
+LEARNER_VARIABLES = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "SHELL", "VIRTUAL_ENV")
+
+
+def learner_environment() -> dict[str, str]:
+    env = {name: os.environ[name] for name in LEARNER_VARIABLES if name in os.environ}
+    bin_dir = str(Path(sys.executable).parent)  # the course's environment, as `. .venv/bin/activate` sets it
+    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory) -> dict[str, Path]:
+    """{"untouched": the release as generated, "answered": the same with every answer cell solved}."""
+    untouched = write_release(tmp_path_factory.mktemp("untouched"))
+    answered = write_release(tmp_path_factory.mktemp("answered"))
+    for assignment_id in list_assignments():
+        solution = read_notebook(REPO_ROOT / "solutions" / assignment_id / f"{assignment_id}.ipynb")
+        solved = {cell.id: cell.source for cell in solution.cells}
+        path = answered / assignment_id / f"{assignment_id}.ipynb"
+        notebook = read_notebook(path)
+        for cell in notebook.cells:
+            if cell.metadata.get("nbgrader", {}).get("solution"):
+                cell.source = solved[cell.id]
+        write_normalized(notebook, path)
+    return {"untouched": untouched, "answered": answered}
+
+
+def run_as_learner(notebook: Path, tmp_path: Path) -> dict:
+    report = tmp_path / f"{notebook.stem}.json"
+    result = subprocess.run([sys.executable, str(RUNNER), str(notebook), str(report)], env=learner_environment(),
+                            cwd=notebook.parent, capture_output=True, text=True, check=False)
+    assert report.exists(), f"the notebook runner failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return json.loads(report.read_text())
 
 
 @pytest.mark.parametrize("assignment_id", list_assignments())
-def test_solution_notebook_runs_top_to_bottom(assignment_id, monkeypatch):
-    from nbclient import NotebookClient
+def test_answered_notebook_runs_top_to_bottom_as_a_learner_runs_it(assignment_id, releases, tmp_path):
+    notebook = releases["answered"] / assignment_id / f"{assignment_id}.ipynb"
+    report = run_as_learner(notebook, tmp_path)
+    stopped = report["stopped"]
+    assert stopped is None, (f"{assignment_id} stopped at cell {stopped['cell']}: {stopped['ename']}: "
+                             f"{stopped['evalue']}\n{stopped['traceback']}")
+    code_cells = sum(cell.cell_type == "code" for cell in read_notebook(notebook).cells)
+    assert report["cells_run"] == code_cells
+    plug_output = report["printed"].get("plug", "")
+    assert "same" in plug_output, f"the Plug it in cell does not report the reference's output:\n{plug_output}"
 
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    )
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # as tests/conftest.py: one torch thread per parallel worker
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    folder = REPO_ROOT / "solutions" / assignment_id
-    notebook = nbformat.read(str(folder / f"{assignment_id}.ipynb"), as_version=4)
-    client = NotebookClient(
-        notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
-    )
-    client.execute()  # raises CellExecutionError with the failing cell's traceback
-    errors = [
-        o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
-    ]
-    assert errors == []
-    plug_cell = next(c for c in notebook.cells if c.id == "plug")
-    printed = "".join(o.get("text", "") for o in plug_cell.outputs if o.output_type == "stream")
-    assert "same" in printed, "the plug-it-in cell compares with the reference and reports it"
+
+@pytest.mark.parametrize("assignment_id", list_assignments())
+def test_untouched_notebook_runs_to_its_first_check(assignment_id, releases, tmp_path):
+    notebook = releases["untouched"] / assignment_id / f"{assignment_id}.ipynb"
+    cells = read_notebook(notebook).cells
+    first_check = next(c.id for c in cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade"))
+    report = run_as_learner(notebook, tmp_path)
+    stopped = report["stopped"]
+    assert stopped is not None, "an untouched notebook cannot pass its first exercise check"
+    assert stopped["cell"] == first_check and stopped["ename"] == "NotImplementedYet", (
+        f"{assignment_id} stopped before its first exercise check ({first_check}), at cell {stopped['cell']}: "
+        f"{stopped['ename']}: {stopped['evalue']}\n{stopped['traceback']}")
+    assert "not implemented yet" in stopped["evalue"]
