@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from patience import HANG_GUARD_S
 
 # Under `pytest -n N` every worker would start torch with one thread per core: N x cores threads fighting
 # over the cores (measured: a 10x slowdown of the model tests on 2 cores). One thread per worker.
@@ -88,7 +89,7 @@ def nothing_left_behind():
         sockets = sorted(str(p) for p in set(temp.glob("mini-engine-*")) - sockets_before)
         return forks, sockets
 
-    deadline = time.monotonic() + 15.0   # engines shut down asynchronously: give them time
+    deadline = time.monotonic() + HANG_GUARD_S   # engines shut down asynchronously: give them time
     forks, sockets = leftovers()
     while (forks or sockets) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from patience import RUN_GUARD_S
 
 from labs.checks.common import (
     NotImplementedYet,
@@ -92,7 +93,7 @@ def test_pytest_q_shows_the_gist_uncut_and_no_helper_frames(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "labs/", "-q", "-p", "no:cacheprovider", "-k", "get_new_blocks",
          "--notebooks", str(tmp_path / "student")],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=RUN_GUARD_S, check=False,
     )
     output = result.stdout
     assert result.returncode == 1, output[-3000:]

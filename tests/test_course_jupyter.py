@@ -15,9 +15,11 @@ import time
 import urllib.error
 import urllib.request
 
+from patience import HANG_GUARD_S
+
 from labs.course.release import REPO_ROOT, list_assignments
 
-STARTUP_TIMEOUT_S = 90
+STARTUP_TIMEOUT_S = HANG_GUARD_S
 
 
 def _free_port() -> int:
@@ -28,7 +30,7 @@ def _free_port() -> int:
 
 def _get(url: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=HANG_GUARD_S) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
@@ -88,8 +90,8 @@ def test_jupyter_lab_serves_the_phase_notebooks(tmp_path):
     finally:
         server.terminate()
         try:
-            server.wait(timeout=20)
+            server.wait(timeout=HANG_GUARD_S)
         except subprocess.TimeoutExpired:
             server.kill()
-            server.wait(timeout=10)
+            server.wait()
         log.close()

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from patience import RUN_GUARD_S
 
 from labs.checks import p02
 from labs.course.notebook_format import read_notebook, write_normalized
@@ -41,7 +42,7 @@ def run_labs(tmp_path: Path, *args: str) -> dict[str, tuple[str, str]]:
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args]
     result = subprocess.run(
-        command, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400
+        command, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=RUN_GUARD_S
     )
     assert report.exists(), f"pytest produced no report:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     outcomes = {}
@@ -151,7 +152,7 @@ def _collect(tmp_path: Path, *args: str, probe: bool = False) -> list[str]:
     extra = ["-p", "handle_probe"] if probe else []
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "labs/", "--collect-only", "-q", "-p", "no:cacheprovider", *extra, *args],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=RUN_GUARD_S, check=False,
     )
     return [line for line in result.stdout.splitlines() if "::test_exercise[" in line]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from patience import RUN_GUARD_S
 
 from labs.course.answers import defined_names, load_answers
 from labs.course.notebook_format import KERNELSPEC, notebook_text, read_notebook
@@ -52,7 +53,7 @@ def _changed_since_checkout(path: Path) -> bool:
     """True when git says `path` differs from the commit checked out (or when git cannot tell)."""
     try:
         result = subprocess.run(["git", "status", "--porcelain", "--", str(path)], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=30, check=True)
+                                capture_output=True, text=True, timeout=RUN_GUARD_S, check=True)
     except (OSError, subprocess.SubprocessError):
         return True
     return bool(result.stdout.strip())

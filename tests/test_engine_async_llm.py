@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from patience import HANG_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.config import EngineConfig
@@ -14,7 +15,7 @@ from mini.outputs import CompletionOutput, RequestOutput
 from mini.sampling_params import RequestOutputKind
 
 PROMPTS = ["Once upon a time", "The little dog", "A cat sat on the", "Tom and Sue went"]
-TIMEOUT_S = 30
+TIMEOUT_S = HANG_GUARD_S
 
 
 def greedy(max_tokens: int, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, **kw) -> SamplingParams:

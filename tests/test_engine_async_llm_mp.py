@@ -14,6 +14,7 @@ import threading
 
 import httpx
 import pytest
+from patience import HANG_GUARD_S
 
 from mini.engine.async_llm import AsyncLLM, EngineDeadError
 from mini.engine.async_llm_mp import MPAsyncLLM
@@ -22,7 +23,7 @@ from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 from mini.sampling_params import RequestOutputKind, SamplingParams
 
 MODEL = "tiny-llama"
-SAFETY_S = 60
+SAFETY_S = HANG_GUARD_S
 PROMPTS = [f"{start} {i}" for i, start in enumerate(["Once upon a time", "The little dog", "A cat sat on the",
                                                       "Tom and Sue went"] * 4)]   # 16 requests
 MAX_TOKENS = 10

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from patience import RUN_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.config import SHIPPED_MODEL_DIR
@@ -85,7 +86,7 @@ def run_chat_cli(stdin: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "mini", "chat", str(SHIPPED_MODEL_DIR), "--temperature", "0",
          "--max-tokens", "6", "--max-model-len", "256", *args],
-        input=stdin, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env, check=False,
+        input=stdin, capture_output=True, text=True, timeout=RUN_GUARD_S, cwd=REPO_ROOT, env=env, check=False,
     )
 
 
@@ -110,6 +111,6 @@ def test_chat_cli_exits_at_end_of_input_and_reports_bad_models(llm):
                        use_tqdm=False)
     assert result.returncode == 0 and result.stdout == reply.outputs[0].text + "\n", result.stderr
     bad = subprocess.run([sys.executable, "-m", "mini", "chat", "nobody/no-such-model"], input="",
-                         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=RUN_GUARD_S, cwd=REPO_ROOT,
                          env=dict(os.environ, HF_HUB_OFFLINE="1"), check=False)
     assert bad.returncode == 2 and "not a local folder" in bad.stderr

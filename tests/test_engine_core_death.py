@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from patience import HANG_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.engine.core_proc import PROCESS_NAME
 from mini.engine.exceptions import EngineDeadError
 
-SAFETY_S = 30.0   # a safety net for waits, never an assertion on speed
+SAFETY_S = HANG_GUARD_S   # a safety net for waits, never an assertion on speed
 
 
 def _alive(pid: int) -> bool:

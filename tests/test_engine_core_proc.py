@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from patience import RUN_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.engine import EngineCoreRequest
@@ -186,7 +187,7 @@ def test_fork_after_parallel_kernels_does_not_hang(engines):
     want = inproc.generate(["Hello world"], SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)
     env = dict(os.environ, MINI_ENABLE_V1_MULTIPROCESSING="1", MINI_WORKER_MULTIPROC_METHOD="fork")
     result = subprocess.run([sys.executable, "-c", FORK_AFTER_KERNELS], check=False, env=env, capture_output=True, text=True,
-                            timeout=240)
+                            timeout=RUN_GUARD_S)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"TOKENS {list(want[0].outputs[0].token_ids)} True" in result.stdout
     assert torch.get_num_threads() >= 1

@@ -14,6 +14,7 @@ import os
 import signal
 
 import pytest
+from patience import HANG_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.config import EngineConfig
@@ -33,7 +34,7 @@ from tests.test_engine_core_death import _alive, _wait_gone
 CONFIG = EngineConfig(num_gpu_blocks_override=64, max_num_seqs=4, data_parallel_size=2)
 PROMPTS = {"a": "Hello world", "b": "The cat", "c": "Once upon a time", "d": "1 2 3"}
 MAX_TOKENS = 8
-SAFETY_S = 30.0   # a safety net for waits, never an assertion on speed
+SAFETY_S = HANG_GUARD_S   # a safety net for waits, never an assertion on speed
 
 
 # ---------------------------------------------------------------------------- the rule and the config

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from patience import RUN_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.config import SHIPPED_MODEL_DIR
@@ -64,7 +65,7 @@ def test_multibyte_prompt_round_trips(llm):
 def test_cli_generate_runs_offline():
     result = subprocess.run(
         [sys.executable, "-m", "mini", "generate", "def fibonacci(n):", "--max-tokens", "16"],
-        check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        check=False, capture_output=True, text=True, timeout=RUN_GUARD_S, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stderr
     assert "def fibonacci(n):" in result.stdout and "finish_reason=" in result.stdout
@@ -73,6 +74,6 @@ def test_cli_generate_runs_offline():
 def test_cli_rejects_bad_sampling_flag():
     result = subprocess.run(
         [sys.executable, "-m", "mini", "generate", "x", "--temperature", "-2"],
-        check=False, capture_output=True, text=True, timeout=120,
+        check=False, capture_output=True, text=True, timeout=RUN_GUARD_S,
     )
     assert result.returncode == 2 and "temperature" in result.stderr

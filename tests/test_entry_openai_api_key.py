@@ -12,6 +12,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
+from patience import HANG_GUARD_S
+
 from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.openai import auth
 from mini.entrypoints.openai.api_server import add_serve_arguments, build_app, serve_in_thread
@@ -42,40 +44,40 @@ def assert_unauthorized(response) -> None:
                                      {"Authorization": "Basic Zmlyc3Qta2V5Og=="}, {"Authorization": "first-key"},
                                      {"Authorization": "Bearer first-key-and-more"}, {"X-Api-Key": "first-key"}])
 def test_v1_routes_refuse_a_missing_or_wrong_key(url, headers):
-    assert_unauthorized(httpx.get(f"{url}/v1/models", headers=headers, timeout=10))
-    assert_unauthorized(httpx.post(f"{url}/v1/completions", json=COMPLETION, headers=headers, timeout=10))
-    assert_unauthorized(httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=10,
+    assert_unauthorized(httpx.get(f"{url}/v1/models", headers=headers, timeout=HANG_GUARD_S))
+    assert_unauthorized(httpx.post(f"{url}/v1/completions", json=COMPLETION, headers=headers, timeout=HANG_GUARD_S))
+    assert_unauthorized(httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=HANG_GUARD_S,
                                    json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}))
     # the key is checked before the body: a bad body without a key is a 401, not a 400
-    assert_unauthorized(httpx.post(f"{url}/v1/completions", content=b"{oops", headers=headers, timeout=10))
+    assert_unauthorized(httpx.post(f"{url}/v1/completions", content=b"{oops", headers=headers, timeout=HANG_GUARD_S))
     # every path under /v1 is guarded, even one that does not exist
-    assert_unauthorized(httpx.get(f"{url}/v1/no-such-route", headers=headers, timeout=10))
+    assert_unauthorized(httpx.get(f"{url}/v1/no-such-route", headers=headers, timeout=HANG_GUARD_S))
 
 
 @pytest.mark.parametrize("key", KEYS)
 def test_each_key_is_accepted_and_the_scheme_is_case_insensitive(url, key):
     for scheme in ("Bearer", "bearer"):
         headers = {"Authorization": f"{scheme} {key}"}
-        assert httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()["data"][0]["id"] == MODEL
-        reply = httpx.post(f"{url}/v1/completions", json=COMPLETION, headers=headers, timeout=30)
+        assert httpx.get(f"{url}/v1/models", headers=headers, timeout=HANG_GUARD_S).json()["data"][0]["id"] == MODEL
+        reply = httpx.post(f"{url}/v1/completions", json=COMPLETION, headers=headers, timeout=HANG_GUARD_S)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
     # with the key, errors are the usual ones
-    bad = httpx.post(f"{url}/v1/completions", json={**COMPLETION, "n": 0}, timeout=10,
+    bad = httpx.post(f"{url}/v1/completions", json={**COMPLETION, "n": 0}, timeout=HANG_GUARD_S,
                      headers={"Authorization": f"Bearer {key}"})
     assert bad.status_code == 400
 
 
 def test_health_metrics_and_the_document_stay_open(url):
-    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
-    assert "# TYPE" in httpx.get(f"{url}/metrics", timeout=10).text
-    document = httpx.get(f"{url}/openapi.json", timeout=10).json()
+    assert httpx.get(f"{url}/health", timeout=HANG_GUARD_S).status_code == 200
+    assert "# TYPE" in httpx.get(f"{url}/metrics", timeout=HANG_GUARD_S).text
+    document = httpx.get(f"{url}/openapi.json", timeout=HANG_GUARD_S).json()
     assert document["components"]["securitySchemes"]["bearerAuth"] == {"type": "http", "scheme": "bearer"}
 
 
 def test_the_openai_client(url):
-    good = openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[1], max_retries=0, timeout=30)
+    good = openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[1], max_retries=0, timeout=HANG_GUARD_S)
     assert good.completions.create(**COMPLETION).choices[0].finish_reason == "length"
-    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0, timeout=30)
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0, timeout=HANG_GUARD_S)
     with pytest.raises(openai.AuthenticationError) as error:
         wrong.models.list()
     assert error.value.status_code == 401

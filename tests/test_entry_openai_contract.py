@@ -17,6 +17,8 @@ jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
+from patience import HANG_GUARD_S
+
 from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.chat_utils import ROLES
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
@@ -74,7 +76,7 @@ def servers():
 
 @pytest.fixture(scope="module")
 def documents(servers):
-    return {name: httpx.get(f"{url}/openapi.json", timeout=10).json() for name, url in servers.items()}
+    return {name: httpx.get(f"{url}/openapi.json", timeout=HANG_GUARD_S).json() for name, url in servers.items()}
 
 
 def declared(document: dict, method: str, path: str) -> dict[str, Any]:
@@ -133,7 +135,7 @@ def test_bearer_security_is_declared_on_v1_routes_only_when_keyed(documents):
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[4]}-{i}" for i, c in enumerate(CASES)])
 def test_live_answer_is_declared(servers, documents, server, method, path, kwargs, status, media):
     document = documents[server]
-    response = httpx.request(method, f"{servers[server]}{path}", timeout=60, **kwargs)
+    response = httpx.request(method, f"{servers[server]}{path}", timeout=HANG_GUARD_S, **kwargs)
     assert response.status_code == status, response.text
     responses = declared(document, method, path)
     assert str(status) in responses, f"{method} {path} answered an undeclared {status}"

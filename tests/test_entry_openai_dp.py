@@ -19,6 +19,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
+from patience import HANG_GUARD_S
+
 from mini import LLM, SamplingParams
 from mini.engine.async_llm import AsyncLLM
 from mini.engine.dp_client import DPAsyncMPClient
@@ -29,7 +31,7 @@ MODEL = "tiny-llama"
 PROMPTS = ["Hello world", "The cat", "Once upon a time", "1 2 3", "In the beginning", "Roses are red"]
 MAX_TOKENS = 8
 ENGINE_ARGS = {"num_gpu_blocks_override": 64, "max_num_seqs": 4}
-SAFETY_S = 30.0   # a safety net for waits, never an assertion on speed
+SAFETY_S = HANG_GUARD_S   # a safety net for waits, never an assertion on speed
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ async def _all(url: str) -> list[str]:
 
 def _metrics(url: str) -> dict[str, float]:
     values = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=HANG_GUARD_S).text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             values[name] = float(value)
@@ -77,7 +79,7 @@ def test_two_cores_behind_one_server(reference_texts, monkeypatch):
     pids = client.pids
     try:
         with serve_in_thread(build_app(engine, MODEL)) as url:
-            assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+            assert httpx.get(f"{url}/health", timeout=HANG_GUARD_S).status_code == 200
             assert asyncio.run(_all(url)) == reference_texts       # greedy: the same text as one core
 
             values = _metrics(url)
@@ -93,9 +95,9 @@ def test_two_cores_behind_one_server(reference_texts, monkeypatch):
             # one core dies: the server is unhealthy at once, requests fail with 503, the other core stops too
             os.kill(pids[1], signal.SIGKILL)
             deadline = time.monotonic() + SAFETY_S
-            while httpx.get(f"{url}/health", timeout=10).status_code == 200 and time.monotonic() < deadline:
+            while httpx.get(f"{url}/health", timeout=HANG_GUARD_S).status_code == 200 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert httpx.get(f"{url}/health", timeout=10).status_code == 503
+            assert httpx.get(f"{url}/health", timeout=HANG_GUARD_S).status_code == 503
             response = httpx.post(f"{url}/v1/completions", timeout=SAFETY_S,
                                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 4})
             assert response.status_code == 503, response.text

@@ -9,6 +9,8 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
+from patience import HANG_GUARD_S
+
 from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 
@@ -18,7 +20,7 @@ PROMPTS = ["Once upon a time", "The little dog", "A cat sat on the", "Tom and Su
 NUM_CLIENTS = 64
 CANCELLED = {5, 17, 29, 41, 53, 63}    # these stop reading after 2 chunks and close the connection
 MAX_TOKENS = 24
-TIMEOUT_S = 60
+TIMEOUT_S = HANG_GUARD_S
 
 
 def max_tokens_of(index: int) -> int:

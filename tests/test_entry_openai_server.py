@@ -12,6 +12,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
+from patience import HANG_GUARD_S
+
 from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 
@@ -30,11 +32,11 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=HANG_GUARD_S)
 
 
 def test_health_and_models(server, client):
-    assert httpx.get(f"{server[0]}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{server[0]}/health", timeout=HANG_GUARD_S).status_code == 200
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
 
@@ -115,12 +117,12 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
         assert error.value.status_code == 400, fields
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "x"}])
-    raw = httpx.post(f"{server[0]}/v1/completions", content=b"{not json", timeout=10,
+    raw = httpx.post(f"{server[0]}/v1/completions", content=b"{not json", timeout=HANG_GUARD_S,
                      headers={"content-type": "application/json"})
     assert raw.status_code == 400
     body = raw.json()["error"]
     assert set(body) >= {"message", "type", "code"} and body["code"] == 400
-    missing = httpx.post(f"{server[0]}/v1/chat/completions", json={"model": MODEL}, timeout=10)
+    missing = httpx.post(f"{server[0]}/v1/chat/completions", json={"model": MODEL}, timeout=HANG_GUARD_S)
     assert missing.status_code == 400 and "messages" in missing.json()["error"]["message"]
     assert client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text
 
@@ -156,7 +158,7 @@ def test_structured_outputs_choice_and_json_schema(client):
 
 def test_metrics_after_traffic(server, client):
     client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY)
-    text = httpx.get(f"{server[0]}/metrics", timeout=10).text
+    text = httpx.get(f"{server[0]}/metrics", timeout=HANG_GUARD_S).text
     values = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

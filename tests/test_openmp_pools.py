@@ -18,6 +18,7 @@ import time
 
 import pytest
 import torch
+from patience import HANG_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.config import EngineConfig
@@ -35,7 +36,7 @@ def _tasks() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def threads_freed_by_releasing_now(wait_s: float = 1.0) -> int:
+def threads_freed_by_releasing_now(wait_s: float = 0.5) -> int:
     """Release the calling thread's pool; how many OS threads went (its workers exit just after the call)."""
     before = _tasks()
     release_libgomp_threads()
@@ -112,11 +113,11 @@ def test_in_process_async_scheduling_has_one_pool_at_a_time(two_torch_threads, m
         llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10]}], params, use_tqdm=False)
         executor = llm.llm_engine.engine_core.engine_core.model_executor
         assert threads_freed_by_releasing_now(wait_s=0.2) == 0, "the core's thread kept its pool while the steps ran"
-        on_worker = executor.step_thread.submit(threads_freed_by_releasing_now).result(timeout=10)
+        on_worker = executor.step_thread.submit(threads_freed_by_releasing_now).result(timeout=HANG_GUARD_S)
         assert on_worker == 0, "the worker thread kept its pool after its last step"
         # The control: the same question on the worker thread right after it ran a region is answered 1.
-        executor.step_thread.submit(run_a_parallel_region).result(timeout=10)
-        assert executor.step_thread.submit(threads_freed_by_releasing_now).result(timeout=10) == 1
+        executor.step_thread.submit(run_a_parallel_region).result(timeout=HANG_GUARD_S)
+        assert executor.step_thread.submit(threads_freed_by_releasing_now).result(timeout=HANG_GUARD_S) == 1
     finally:
         llm.llm_engine.engine_core.shutdown()
 
@@ -161,13 +162,13 @@ def test_the_in_process_async_llm_loop_gives_its_pool_back_when_idle(monkeypatch
                 pass
 
         asyncio.run(one_request("a"))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_GUARD_S
         while calls.count("mini-engine-loop") < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert calls.count("mini-engine-loop") == 1, calls      # once idle after the burst, not at every poll
         time.sleep(0.3)
         asyncio.run(one_request("b"))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_GUARD_S
         while calls.count("mini-engine-loop") < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert calls.count("mini-engine-loop") == 2, calls

@@ -12,6 +12,7 @@ import threading
 
 import jsonschema
 import pytest
+from patience import HANG_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.config import SHIPPED_MODEL_DIR
@@ -83,7 +84,7 @@ def test_grammar_compiles_off_the_step_loop_and_the_request_waits_for_fsm(llm):
     original = backend.compile_grammar
 
     def slow_compile(kind, spec):
-        release.wait(timeout=30)
+        release.wait(timeout=HANG_GUARD_S)
         return original(kind, spec)
 
     backend.compile_grammar = slow_compile

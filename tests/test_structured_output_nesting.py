@@ -5,6 +5,7 @@ at add_request and by the OpenAI server with a 400, never a RecursionError (a 50
 from __future__ import annotations
 
 import pytest
+from patience import HANG_GUARD_S
 
 from mini.sampling_params import SamplingParams, StructuredOutputsParams
 from mini.structured_output import validate_structured_outputs
@@ -77,6 +78,6 @@ def test_server_answers_400_naming_the_limit():
     with serve_in_thread(build_app(engine, "tiny-llama")) as url:
         for path, body in bodies.items():
             response = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"},
-                                  timeout=60)
+                                  timeout=HANG_GUARD_S)
             assert response.status_code == 400, (path, response.text[:300])
             assert "nested too deeply" in response.json()["error"]["message"]

@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from patience import HANG_GUARD_S, RUN_GUARD_S
 
 from mini import LLM, SamplingParams, roles
 from mini.executor.multiproc_executor import MultiprocExecutor, WorkerDiedError
@@ -45,9 +46,9 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
-    """The pids still alive after waiting up to `seconds` for all to exit."""
-    deadline = time.monotonic() + seconds
+def wait_gone(pids: list[int], wait_s: float = HANG_GUARD_S) -> list[int]:
+    """The pids still alive after waiting up to `wait_s` for all to exit."""
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
     return [pid for pid in pids if alive(pid)]
@@ -141,7 +142,7 @@ def test_a_killed_worker_is_reported_and_nothing_is_left_behind(tp2_llm):
     os.kill(victim, signal.SIGKILL)
     assert wait_gone([victim]) == []
     # The process is reapable once its last thread has exited, a moment after its main thread: poll.
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + HANG_GUARD_S
     with pytest.raises(WorkerDiedError, match=r"rank 1 .* died"):
         while time.monotonic() < deadline:
             executor.check_health()
@@ -166,7 +167,7 @@ def test_spawned_workers_exit_when_their_parent_crashes():
         os.kill(os.getpid(), signal.SIGKILL)   # a crash: no shutdown, no atexit, no finalizer
     """)
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
-                            timeout=300, cwd=Path(__file__).resolve().parent.parent)
+                            timeout=RUN_GUARD_S, cwd=Path(__file__).resolve().parent.parent)
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
     pids = [int(pid) for pid in result.stdout.split()]
     assert len(pids) == 2

@@ -19,6 +19,7 @@ import uuid
 import pytest
 import torch
 import torch.distributed as dist
+from patience import HANG_GUARD_S
 from torch import nn
 
 from mini.distributed import communication_op, parallel_state
@@ -237,10 +238,10 @@ def test_layers_on_two_gloo_ranks_match_the_full_layers():
     for process in ranks:
         process.start()
     try:
-        outcomes = dict(results.get(timeout=120) for _ in ranks)
+        outcomes = dict(results.get(timeout=HANG_GUARD_S) for _ in ranks)
     finally:
         for process in ranks:
-            process.join(timeout=10)
+            process.join(timeout=HANG_GUARD_S)
             if process.is_alive():
                 process.kill()
                 process.join()

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from patience import RUN_GUARD_S
 
 triton_utils = pytest.importorskip("mini.attention.triton_utils")
 if not triton_utils.is_available():
@@ -69,7 +70,7 @@ def test_kernels_compile_for_h100_without_spills():
     repo_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, "-c", COMPILE_SCRIPT], check=False, capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", COMPILE_SCRIPT], check=False, capture_output=True, text=True, env=env, timeout=RUN_GUARD_S
     )
     if result.returncode != 0 and "cuobjdump" in result.stderr and "No such file" in result.stderr:
         pytest.skip("this Triton build ships no NVIDIA tools (ptxas/cuobjdump)")

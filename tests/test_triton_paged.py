@@ -19,6 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 triton_utils = pytest.importorskip("mini.attention.triton_utils")
 if not triton_utils.is_available():
     pytest.skip(triton_utils.unavailable_reason(), allow_module_level=True)
+from patience import RUN_GUARD_S
+
 from mini.attention import reference, triton_paged  # a real failure here, never a skip
 
 AttentionMetadata = reference.AttentionMetadata
@@ -343,7 +345,7 @@ def test_kernels_run_when_triton_was_imported_before_the_interpreter_was_switche
     repo_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=env, timeout=RUN_GUARD_S
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("ok True")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from lab_page import find_browser, start_browser, start_jupyterlab
+from patience import HANG_GUARD_S
 
 from labs.course.release import REPO_ROOT
 
@@ -38,7 +39,7 @@ def lab(browser_paths, tmp_path_factory):
     yield server
     server.process.terminate()
     try:
-        server.process.wait(timeout=20)
+        server.process.wait(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:
         server.process.kill()
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+from patience import HANG_GUARD_S
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 DRIVERS = ("chromedriver",)
@@ -88,7 +89,7 @@ class JupyterLab:
     def api(self, method: str, path: str) -> Any:
         request = urllib.request.Request(f"{self.url}{path}", method=method,
                                          headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as response:
             body = response.read()
         return json.loads(body) if body else None
 
@@ -101,7 +102,7 @@ class JupyterLab:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
 
-def start_jupyterlab(repo_root: Path, workdir: Path, timeout_s: float = 90.0) -> JupyterLab:
+def start_jupyterlab(repo_root: Path, workdir: Path, timeout_s: float = HANG_GUARD_S) -> JupyterLab:
     """Copy the course into `workdir` and start JupyterLab there (loopback only, token auth)."""
     root = workdir / "course"
     shutil.copytree(repo_root / "solutions", root / "solutions")

@@ -21,10 +21,11 @@ from lab_page import (
     NotebookPage,
     wait_for,
 )
+from patience import RUN_GUARD_S
 
 from labs.course.release import list_assignments
 
-RUN_ALL_TIMEOUT_S = 240
+RUN_ALL_TIMEOUT_S = RUN_GUARD_S
 
 # The step-replay widgets and how each board names the step it shows: moving the slider must redraw the
 # board for exactly that step. (phase: regex over the board's text giving the step it draws)
