@@ -35,6 +35,8 @@ def test_the_sources_read_include_notebooks_readme_and_engine():
     ("`vllm/v1/core/block_pool.py:40::BlockPool.touch`", "not near 40"),
     ("`BlockPool.evict_everything()` in `vllm/v1/core/block_pool.py`", "defines no"),
     ("`RequestStatus.WAITING_FOR_FSM` (`vllm/v1/request.py`)", "defines no"),
+    ("mirroring vLLM's `model_loader/gguf_loader.py`", "no file of vLLM 0.33.0 ends with"),   # no vllm/ prefix
+    ("vLLM's `v1/core/block_pool.py`", "write vLLM's paths in full: vllm/v1/core/block_pool.py"),
 ])
 def test_a_broken_citation_is_reported(text, reason):
     broken = check_text(text, "example")
@@ -45,12 +47,14 @@ def test_a_broken_citation_is_reported(text, reason):
     "`vllm/v1/core/block_pool.py`", "`vllm/v1/core/`", "`vllm/v1/core/block_pool.py::BlockPool.touch`",
     "`BlockPool.touch` in `vllm/v1/core/block_pool.py`", ("`RequestStatus.WAITING_FOR_FSM` is gone; the "
     "statuses are in `vllm/v1/request.py`"), "the `num_tokens` variable in `vllm/v1/core/block_pool.py`",
+    "`mini/model/gguf_loader.py`", "mini's `sampler.py` (`Sampler.forward` in vLLM's order), `ops/topk_topp.py`",
+    "vLLM's `benchmarks/benchmark_serving.py`",   # vLLM's repository beside vllm/: not indexed
 ])
 def test_a_correct_citation_passes(text):
     assert check_text(text, "example") == []
 
 
-PIN_LINE = "> Paths and line numbers refer to **vLLM v0.33.0**."
+PIN_LINE = "> Every path and symbol cited refers to **vLLM v0.33.0**."
 
 
 def test_every_deep_dive_names_the_pinned_release():

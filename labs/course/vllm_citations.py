@@ -9,6 +9,9 @@ What counts as a citation (in the solutions notebooks, the README, `labs/` and `
   `vllm/v1/core/block_pool.py:792::BlockPool.touch`: the symbol (a class, a function, a method, a class
   attribute or a module-level name; `touch` or `BlockPool.touch`) must be defined in that file, and the line
   must be at most `LINE_SLACK` lines from its definition;
+* a path given to vLLM without its `vllm/` prefix (`model_loader/gguf_loader.py` written after "vLLM's"; a path with a
+  folder right after "vLLM's" or "vLLM"): it is reported either way, as missing from the release or with the
+  full path to write instead (vLLM's repository folders beside `vllm/`, such as `benchmarks/`, are not indexed);
 * prose that ties a code-like name to a path: "`BlockPool.touch` in `vllm/v1/core/block_pool.py`",
   "`BlockPool` (`vllm/v1/core/block_pool.py`)" or "`vllm/v1/core/block_pool.py`'s `touch()`". Only names that
   look like definitions are read this way (CamelCase, dotted, or written with `()`), so a variable named in
@@ -33,6 +36,11 @@ LINE_SLACK = 5
 _PATH = r"vllm/[A-Za-z0-9_/]*[A-Za-z0-9_](?:\.py)?/?"
 _CITATION = re.compile(rf"(?<![\w/.-])(?P<path>{_PATH})(?::(?P<line>\d+))?(?:::(?P<symbol>[A-Za-z_][\w.]*))?")
 _CODE_NAME = r"[A-Za-z_][\w.]*(?:\(\))?"
+# A path with a folder and no `vllm/` (nor this project's own roots) that a line gives to vLLM.
+_BARE_PATH = re.compile(r"(?<![\w/.-])(?P<path>[A-Za-z0-9_][\w.-]*/[\w/.-]*\w\.py)\b")
+_UNCHECKED_ROOTS = ("vllm/", "mini/", "labs/", "tests/", "scripts/", "solutions/", "phases/", "docs/", ".ci/",
+                    "benchmarks/", "examples/")
+_ATTRIBUTED = re.compile(r"\bvLLM(?:'s)?\s*`?$")
 # "`Sym` in `path`", "`Sym` (`path`)", "`path`'s `Sym`", "`path` (`Sym`)"
 _TIED = [
     re.compile(rf"`(?P<symbol>{_CODE_NAME})` (?:in|of|from) `(?P<path>{_PATH})(?::\d+)?`"),
@@ -102,6 +110,13 @@ def check_text(text: str, where: str, index: dict | None = None) -> list[BrokenC
                 bad(match[0], f"{path} defines no {symbol}")
             elif line is not None and lines != [0] and min(abs(int(line) - n) for n in lines) > LINE_SLACK:
                 bad(match[0], f"{symbol} is defined at line(s) {lines}, not near {line}")
+    for match in _BARE_PATH.finditer(text):
+        path = match["path"]
+        if path.startswith(_UNCHECKED_ROOTS) or not _ATTRIBUTED.search(text[max(0, match.start() - 12):match.start()]):
+            continue
+        full = sorted(f for f in files if f.endswith("/" + path))
+        bad(path, f"write vLLM's paths in full: {' or '.join(full)}" if full
+            else f"no file of vLLM {index['vllm_version']} ends with {path}")
     for pattern in _TIED:
         for match in pattern.finditer(text):
             path, symbol = match["path"], match["symbol"]
