@@ -53,9 +53,11 @@ _in_child = False
 class Limits:
     """What one graded check may use (its child process and the processes it starts, together)."""
 
-    cpu_limit_s: float = 300.0      # CPU seconds; the slowest reference check uses a few
-    idle_limit_s: float = 120.0     # wall-clock seconds in a row without any CPU use
-    memory_limit_gib: float = 4.0   # memory private to the check's processes
+    # Measured on the solutions (2 cores, each exercise loaded and checked in its child): at most 3 s of CPU
+    # and 300 MiB of private memory. The limits leave a slower laptop 40x and 7x that.
+    cpu_limit_s: float = 120.0      # CPU seconds
+    idle_limit_s: float = 60.0      # wall-clock seconds in a row without any CPU use
+    memory_limit_gib: float = 2.0   # memory private to the check's processes
 
     @classmethod
     def from_env(cls) -> Limits:
