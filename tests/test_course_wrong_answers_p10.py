@@ -6,7 +6,7 @@ from course_fidelity import Wrong, assert_wrong_fails, wrong_params
 
 WRONG = [
     # ---- hash_block_tokens
-    Wrong("hash_block_tokens", "Python's builtin hash", expect="the given hash function",
+    Wrong("hash_block_tokens", "Python's builtin hash", expect="not a int",
           edit=("    return hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))",
                 "    return hash((parent_block_hash, tuple(curr_block_token_ids), extra_keys))")),
     Wrong("hash_block_tokens", "always sha256", expect="the given hash function",
@@ -17,6 +17,15 @@ WRONG = [
           edit=("tuple(curr_block_token_ids)", "list(curr_block_token_ids)")),
     Wrong("hash_block_tokens", "drops the extra keys", expect="extra_keys",
           edit=("tuple(curr_block_token_ids), extra_keys))", "tuple(curr_block_token_ids), None))")),
+    Wrong("hash_block_tokens", "the key in another order (tokens first)", expect="the parent's hash first",
+          edit=("hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))",
+                "hash_function((tuple(curr_block_token_ids), parent_block_hash, extra_keys))")),
+    Wrong("hash_block_tokens", "a pair when there are no extra keys", expect="extra_keys included even when it is None",
+          edit=("    return hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))",
+                ("    if extra_keys is None:\n        return hash_function((parent_block_hash, tuple(curr_block_token_ids)))\n"
+                 "    return hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))"))),
+    Wrong("hash_block_tokens", "a hex string, not the digest", expect="not a str",
+          edit=("extra_keys))", "extra_keys)).hex()")),
     # ---- hash_request_tokens
     Wrong("hash_request_tokens", "salt in every block", expect="first block",
           edit=("block_extra_keys(index, cache_salt)", "block_extra_keys(0, cache_salt)")),
@@ -28,6 +37,36 @@ WRONG = [
                 "    hashes = [] if known_hashes is None else list(known_hashes)")),
     Wrong("hash_request_tokens", "no chain (every parent None)", expect="chained",
           edit=("        parent = hashes[-1] if hashes else None", "        parent = None")),
+    Wrong("hash_request_tokens", "re-hashes every block each call (correct list, wasted work)",
+          expect="hash only the blocks known_hashes lacks",
+          source='''
+def hash_request_tokens(block_size, token_ids, cache_salt=None, hash_function=sha256, known_hashes=None, *,
+                        hash_block_tokens=hash_block_tokens):
+    hashes = [] if known_hashes is None else known_hashes
+    hashes.clear()
+    for index in range(len(token_ids) // block_size):
+        parent = hashes[-1] if hashes else None
+        block = token_ids[index * block_size:(index + 1) * block_size]
+        hashes.append(hash_block_tokens(hash_function, parent, block, block_extra_keys(index, cache_salt)))
+    return hashes
+'''),
+    Wrong("hash_request_tokens", "always sha256, not the hash_function argument", expect="hash_function argument",
+          edit=("hash_block_tokens(hash_function, parent,", "hash_block_tokens(sha256, parent,")),
+    Wrong("hash_request_tokens", "ignores the salt", expect="salted request's hashes must differ",
+          edit=("block_extra_keys(index, cache_salt)", "block_extra_keys(index, None)")),
+    Wrong("hash_request_tokens", "chains the first new block to nothing when known_hashes is given",
+          expect="chain the next block to the last of them",
+          source='''
+def hash_request_tokens(block_size, token_ids, cache_salt=None, hash_function=sha256, known_hashes=None, *,
+                        hash_block_tokens=hash_block_tokens):
+    hashes = [] if known_hashes is None else known_hashes
+    parent = None
+    for index in range(len(hashes), len(token_ids) // block_size):
+        block = token_ids[index * block_size:(index + 1) * block_size]
+        parent = hash_block_tokens(hash_function, parent, block, block_extra_keys(index, cache_salt))
+        hashes.append(parent)
+    return hashes
+'''),
     # ---- cache_full_blocks
     Wrong("cache_full_blocks", "the newest copy overwrites the map", expect="OLDEST",
           source='''
@@ -49,13 +88,30 @@ def cache_full_blocks(self, blocks, block_hashes, num_cached_blocks, num_full_bl
     Wrong("cache_full_blocks", "publishes only the last full block", expect="[num_cached_blocks, num_full_blocks)",
           edit=("range(num_cached_blocks, num_full_blocks)",
                 "range(max(num_cached_blocks, num_full_blocks - 1), num_full_blocks)")),
+    Wrong("cache_full_blocks", "a duplicate is registered but gets no hash", expect="a duplicate holds its hash",
+          source='''
+def cache_full_blocks(self, blocks, block_hashes, num_cached_blocks, num_full_blocks):
+    for index in range(num_cached_blocks, num_full_blocks):
+        block = blocks[index]
+        if block.block_hash is not None:
+            continue
+        block_hash = block_hashes[index]
+        if block_hash in self.cached_block_hash_to_block:
+            self.duplicate_cached_blocks.setdefault(block_hash, {})[block.block_id] = block
+        else:
+            block.block_hash = block_hash
+            self.cached_block_hash_to_block[block_hash] = block
+'''),
+    Wrong("cache_full_blocks", "the cache takes a reference on each block", expect="no ref counts",
+          edit=("        block.block_hash = block_hashes[index]\n",
+                "        block.block_hash = block_hashes[index]\n        block.ref_cnt += 1\n")),
     # ---- get_computed_blocks
     Wrong("get_computed_blocks", "skips a miss instead of stopping", expect="stop at the first miss",
           edit=("            break\n", "            continue\n")),
-    Wrong("get_computed_blocks", "lets the last token hit", expect="num_tokens - 1",
+    Wrong("get_computed_blocks", "lets the last token hit", expect="its last token is always computed",
           edit=("max_num_blocks = (request.num_tokens - 1) // self.block_size",
                 "max_num_blocks = request.num_tokens // self.block_size")),
-    Wrong("get_computed_blocks", "rounds the cap up", expect="num_tokens - 1",
+    Wrong("get_computed_blocks", "rounds the cap up", expect="its last token is always computed",
           edit=("max_num_blocks = (request.num_tokens - 1) // self.block_size",
                 "max_num_blocks = -(-(request.num_tokens - 1) // self.block_size)")),
     Wrong("get_computed_blocks", "touches the hits", expect="changes nothing",
@@ -64,6 +120,15 @@ def cache_full_blocks(self, blocks, block_hashes, num_cached_blocks, num_full_bl
           edit=("    if not self.prefix_cache_lookup_enabled(request):", "    if not self.enable_caching:")),
     Wrong("get_computed_blocks", "counts hit blocks, not tokens", expect="num_hit_tokens",
           edit=("    return hits, len(hits) * self.block_size", "    return hits, len(hits)")),
+    Wrong("get_computed_blocks", "caps at the prompt, not the whole request (a resumed request hits less)",
+          expect="its generated tokens are part of its sequence",
+          edit=("max_num_blocks = (request.num_tokens - 1) // self.block_size",
+                "max_num_blocks = (request.num_prompt_tokens - 1) // self.block_size")),
+    Wrong("get_computed_blocks", "returns the hashes, not the blocks", expect="a list of the pool's KVCacheBlock",
+          edit=("        hits.append(block)\n", "        hits.append(block_hash)\n")),
+    Wrong("get_computed_blocks", "one block short (drops the last full block too)", expect="too few hits",
+          edit=("max_num_blocks = (request.num_tokens - 1) // self.block_size",
+                "max_num_blocks = request.num_tokens // self.block_size - 1")),
     # ---- touch
     Wrong("touch", "no null-block guard", expect="null block",
           edit=("        if block.is_null:\n            continue\n", "")),
@@ -80,7 +145,14 @@ def touch(self, blocks):
     Wrong("touch", "no extra reference for a block in use", expect="one more reference",
           edit=("        if block.ref_cnt == 0:\n            self.free_block_queue.remove(block)\n        block.ref_cnt += 1",
                 "        if block.ref_cnt == 0:\n            self.free_block_queue.remove(block)\n            block.ref_cnt = 1")),
+    Wrong("touch", "takes every block out of the free queue", expect="a block in use (ref_cnt >= 1)",
+          edit=("        if block.ref_cnt == 0:\n            self.free_block_queue.remove(block)\n",
+                "        self.free_block_queue.remove(block)\n")),
+    Wrong("touch", "decides by the hash, not the ref count", expect="a free block (ref_cnt 0) leaves the free queue",
+          edit=("        if block.ref_cnt == 0:\n", "        if block.block_hash is not None:\n")),
     # ---- _maybe_evict_cached_block
+    Wrong("_maybe_evict_cached_block", "returns nothing", expect="True when the block had a hash",
+          edit=("    block.reset_hash()\n    return True\n", "    block.reset_hash()\n")),
     Wrong("_maybe_evict_cached_block", "no copy takes the map's place", expect="OLDEST copy",
           edit=("        if copies:\n            self.cached_block_hash_to_block[block_hash] = copies.pop(next(iter(copies)))\n",
                 "")),

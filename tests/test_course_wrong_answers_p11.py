@@ -69,7 +69,7 @@ WRONG = [
     Wrong("apply_token_bitmask_inplace", "ignores indices (masks rows 0..n-1)",
           edit=("rows = torch.arange(logits.shape[0]) if indices is None else indices.to(torch.int64)",
                 "rows = torch.arange(bitmask.shape[0])"),
-          expect="rows `indices`"),
+          expect="is the mask of logits row"),
     Wrong("apply_token_bitmask_inplace", "not in place",
           source='''
           def apply_token_bitmask_inplace(logits, bitmask, indices=None):
@@ -99,6 +99,140 @@ WRONG += [
                 "    shifts = torch.arange(31, -1, -1, dtype=torch.int32)")),
     Wrong("allowed_token_ids", "EOS in no state", expect="tokens wrongly left out",
           edit=("    if self.dfa.accepting[state] and self.eos_token_id is not None:", "    if False:")),
+]
+
+
+# Issue 38: every exercise has at least five plausible wrong answers, each failing with words that locate it.
+WRONG += [
+    # epsilon_closure
+    Wrong("epsilon_closure", "no visited set: loops forever on a cycle of epsilon edges", expect="did not stop",
+          source='''
+          def epsilon_closure(nfa, states):
+              seen, stack = set(), list(states)
+              while stack:
+                  state = stack.pop()
+                  seen.add(state)
+                  stack.extend(nfa.epsilon[state])
+              return frozenset(seen)
+          '''),
+    Wrong("epsilon_closure", "consumes the caller's list as its stack", expect="leave `states` as it was",
+          edit=("    seen, stack = set(states), list(states)", "    seen, stack = set(states), states")),
+    Wrong("epsilon_closure", "also follows byte edges", expect="follow epsilon edges alone",
+          source='''
+          def epsilon_closure(nfa, states):
+              seen, stack = set(states), list(states)
+              while stack:
+                  state = stack.pop()
+                  targets = list(nfa.epsilon[state]) + [target for _, _, target in nfa.edges[state]]
+                  for target in targets:
+                      if target not in seen:
+                          seen.add(target)
+                          stack.append(target)
+              return frozenset(seen)
+          '''),
+    # subset_construction
+    Wrong("subset_construction", "a state for the empty set instead of DEAD", expect="not to a state for the empty set",
+          source='''
+          def subset_construction(nfa, class_of):
+              num_classes = max(class_of) + 1
+              start = epsilon_closure(nfa, [nfa.start])
+              ids, sets, table = {start: 0}, [start], []
+              while len(table) < len(sets):
+                  moves = {cls: set() for cls in range(num_classes)}
+                  for nfa_state in sets[len(table)]:
+                      for lo, hi, target in nfa.edges[nfa_state]:
+                          for cls in range(class_of[lo], class_of[hi] + 1):
+                              moves[cls].add(target)
+                  row = [DEAD] * num_classes
+                  for cls, targets in moves.items():
+                      closure = epsilon_closure(nfa, targets)
+                      if closure not in ids:
+                          ids[closure] = len(sets)
+                          sets.append(closure)
+                      row[cls] = ids[closure]
+                  table.append(row)
+              return table, [nfa.accept in s for s in sets]
+          '''),
+    Wrong("subset_construction", "rows written in the order a LIFO stack pops the sets", expect="row d of the table",
+          source='''
+          def subset_construction(nfa, class_of):
+              num_classes = max(class_of) + 1
+              start = epsilon_closure(nfa, [nfa.start])
+              ids, sets, table, todo = {start: 0}, [start], [], [start]
+              while todo:
+                  current = todo.pop()
+                  moves = {}
+                  for nfa_state in current:
+                      for lo, hi, target in nfa.edges[nfa_state]:
+                          for cls in range(class_of[lo], class_of[hi] + 1):
+                              moves.setdefault(cls, set()).add(target)
+                  row = [DEAD] * num_classes
+                  for cls, targets in moves.items():
+                      closure = epsilon_closure(nfa, targets)
+                      if closure not in ids:
+                          ids[closure] = len(sets)
+                          sets.append(closure)
+                          todo.append(closure)
+                      row[cls] = ids[closure]
+                  table.append(row)
+              return table, [nfa.accept in s for s in sets]
+          '''),
+    Wrong("subset_construction", "an edge range misses its last class", expect="edges covering that class",
+          edit=("for cls in range(class_of[lo], class_of[hi] + 1):", "for cls in range(class_of[lo], class_of[hi]):")),
+    # allowed_token_ids
+    Wrong("allowed_token_ids", "walks every token on its own (no shared prefixes)", expect="must share its walk",
+          source='''
+          def allowed_token_ids(self, state):
+              allowed = []
+              for token, data in enumerate(self.trie.byte_strings):
+                  if not data:
+                      continue
+                  current = state
+                  for byte in data:
+                      current = self.dfa.transitions[current][byte]
+                      if current == DEAD:
+                          break
+                  if current != DEAD:
+                      allowed.append(token)
+              if self.dfa.accepting[state] and self.eos_token_id is not None:
+                  allowed.append(self.eos_token_id)
+              return sorted(allowed)
+          '''),
+    Wrong("allowed_token_ids", "a token must end in an accepting state", expect="a token need not end the match",
+          edit=("                allowed.extend(self.trie.token_ids[child])\n",
+                ("                if self.dfa.accepting[next_state]:\n"
+                 "                    allowed.extend(self.trie.token_ids[child])\n"))),
+    Wrong("allowed_token_ids", "the DFA state is not carried along the walk", expect="carry the DFA state along the walk",
+          edit=("stack.append((child, next_state))", "stack.append((child, dfa_state))")),
+    Wrong("allowed_token_ids", "walks from the start state, not from `state`", expect="start the walk at `state`",
+          edit=("allowed, stack = [], [(0, state)]", "allowed, stack = [], [(0, 0)]")),
+    Wrong("allowed_token_ids", "adds EOS even when there is none (None in the list)", expect="not a token id",
+          edit=("    if self.dfa.accepting[state] and self.eos_token_id is not None:",
+                "    if self.dfa.accepting[state]:")),
+    # pack_allowed
+    Wrong("pack_allowed", "int32 words: 1 << 31 overflows", expect="bit 31 of a word is the int32 sign bit",
+          source='''
+          def pack_allowed(allowed_ids, vocab_size):
+              words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+              for token in allowed_ids:
+                  words[token // 32] |= 1 << (token % 32)
+              return words
+          '''),
+    Wrong("pack_allowed", "adds bits instead of OR-ing them (a repeated id carries)", expect="an id may come more than once",
+          edit=("words[token // 32] |= np.uint32(1 << (token % 32))", "words[token // 32] += np.uint32(1 << (token % 32))")),
+    Wrong("pack_allowed", "one word too many when vocab_size is a multiple of 32", expect="no spare word",
+          edit=("np.zeros((vocab_size + 31) // 32, dtype=np.uint32)", "np.zeros(vocab_size // 32 + 1, dtype=np.uint32)")),
+    # apply_token_bitmask_inplace
+    Wrong("apply_token_bitmask_inplace", "writes into a copy (chained indexing)", expect="nothing changed in `logits`",
+          edit=("    logits[rows] = logits[rows].masked_fill(~allowed, float(\"-inf\"))",
+                "    logits[rows][~allowed] = float(\"-inf\")")),
+    Wrong("apply_token_bitmask_inplace", "matches bitmask rows to logits rows in sorted order",
+          expect="not sorted",
+          edit=("    rows = torch.arange(logits.shape[0]) if indices is None else indices.to(torch.int64)",
+                "    rows = torch.arange(logits.shape[0]) if indices is None else indices.to(torch.int64).sort().values")),
+    Wrong("apply_token_bitmask_inplace", "tests bit 31 with a signed comparison", expect="bit 31 is the sign bit",
+          edit=("    allowed = ((bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1).bool().flatten(1)",
+                "    allowed = ((bitmask.to(torch.int32).unsqueeze(-1) & (1 << shifts)) > 0).flatten(1)")),
 ]
 
 

@@ -35,7 +35,7 @@ from mini import roles
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_manager import KVCacheManager
-from mini.core.kv_cache_utils import sha256
+from mini.core.kv_cache_utils import KVCacheBlock, sha256
 from mini.core.request import Request
 from mini.sampling_params import SamplingParams
 
@@ -80,6 +80,39 @@ def _hash_cases(rng: random.Random, num_cases: int) -> list[dict[str, Any]]:
     return cases
 
 
+def _hash_block_diagnosis(case: dict[str, Any], hash_function: Callable[[Any], bytes], got: Any) -> str:
+    """Which plausible mistake gives `got` for this case: the hint that locates it."""
+    parent, tokens, extra = case["parent_block_hash"], case["curr_block_token_ids"], case["extra_keys"]
+    seeded = kv_cache_utils.NONE_HASH if parent is None else parent
+    if not isinstance(got, bytes):
+        return (f"return the digest the given hash function computes (bytes, as vLLM's BlockHash), not a "
+                f"{type(got).__name__}: the engine picks that function, and compares and stores its digests")
+    variants = [
+        (sha256((seeded, tuple(tokens), extra)),
+         ("use the hash function you are given (the engine picks it with prefix_caching_hash_algo, the check "
+          "calls yours with several): the given hash function, not a fixed one")),
+        (hash_function((parent, tuple(tokens), extra)),
+         ("a first block (parent_block_hash None) chains to NONE_HASH, the seed every process shares: "
+          "NONE_HASH stands in for the missing parent")),
+        (hash_function((seeded, list(tokens), extra)),
+         ("the token ids go into the key as a tuple: pickle writes a list and a tuple differently, so the "
+          "same block passed as a list would get another hash than vLLM's")),
+        (hash_function((seeded, tuple(tokens), None)),
+         ("the extra_keys are part of the key (a salted request's first block carries its cache_salt there): "
+          "pass them on unchanged")),
+        (hash_function((seeded, tuple(tokens))),
+         ("the key is always the triple, extra_keys included even when it is None (vLLM's key, so that the "
+          "digests equal vLLM's)")),
+        (hash_function((tuple(tokens), seeded, extra)),
+         "the triple's order is vLLM's: the parent's hash first, then the token ids, then the extra_keys"),
+    ]
+    for value, hint in variants:
+        if value == got and value != hash_function((seeded, tuple(tokens), extra)):
+            return hint
+    return ("the digest differs from vLLM's key for this block: one call of the given hash function on the "
+            "triple (parent hash, token ids, extra_keys), in vLLM's order and types")
+
+
 @graded
 def check_hash_block_tokens(candidate: Callable, seeds: Iterable[int] = range(5)) -> None:
     reference = _reference("hash_block_tokens")
@@ -92,37 +125,116 @@ def check_hash_block_tokens(candidate: Callable, seeds: Iterable[int] = range(5)
             with calling("hash_block_tokens", case, expected=expected):
                 got = candidate(args["hash_function"], args["parent_block_hash"], args["curr_block_token_ids"],
                                 args["extra_keys"])
-            expect_equal("hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys)",
-                         case, expected, got,
-                         "return hash_function((parent or NONE_HASH, tuple(token ids), extra_keys)): the given "
-                         "hash function, NONE_HASH as the parent of a first block, the ids as a tuple")
+            if got != expected:
+                expect_equal("hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys)",
+                             case, expected, got, _hash_block_diagnosis(case, args["hash_function"], got))
             num_cases += 1
     passed("check_hash_block_tokens", num_cases)
 
 
 # ---------------------------------------------------------------- hash_request_tokens
+class _CountingHash:
+    """A hash function that counts its calls: one per block hashed."""
+
+    def __init__(self, function: Callable[[Any], bytes]) -> None:
+        self.function, self.calls = function, 0
+
+    def __call__(self, input_object: Any) -> bytes:
+        self.calls += 1
+        return self.function(input_object)
+
+
+def _short_hashes(value: Any) -> Any:
+    """Hashes as short hex prefixes, for messages (anything else as it is)."""
+    if isinstance(value, bytes):
+        return value[:4].hex() + ".."
+    if isinstance(value, (list, tuple)):
+        return [_short_hashes(item) for item in value]
+    return value
+
+
+def _chain_variants(block_size: int, tokens: list[int], salt: str | None, hash_function: Callable[[Any], bytes],
+                    num_known: int) -> list[tuple[Any, str]]:
+    """The answers of plausible mistakes, each with the hint that locates it."""
+    block_hash = _reference("hash_block_tokens")
+    num_full = len(tokens) // block_size
+
+    def chain(num_blocks: int, extra: Callable[[int], Any], chained: bool = True,
+              function: Callable[[Any], bytes] = hash_function, restart: int = -1) -> list[bytes]:
+        hashes: list[bytes] = []
+        for index in range(num_blocks):
+            block = tokens[index * block_size:(index + 1) * block_size]
+            parent = hashes[-1] if hashes and chained and index != restart else None
+            hashes.append(block_hash(function, parent, block, extra(index)))
+        return hashes
+
+    def salted(index: int) -> Any:
+        return kv_cache_utils.block_extra_keys(index, salt)
+
+    return [
+        (chain(-(-len(tokens) // block_size), salted),
+         ("one hash per FULL block: a partial last block gets none (its slots are still being written, so its "
+          "content is not final)")),
+        (chain(num_full, lambda index: kv_cache_utils.block_extra_keys(0, salt)),
+         ("the salt goes into the first block's extra keys only (block_extra_keys of each block's own index): "
+          "the chain carries it to every later block through the parent")),
+        (chain(num_full, lambda index: None),
+         ("a salted request's hashes must differ from an unsalted one's: take each block's extra keys from "
+          "block_extra_keys(its index, cache_salt)")),
+        (chain(num_full, salted, chained=False),
+         ("the hashes are chained: each block's parent is the hash of the block before it (None, i.e. NONE_HASH, "
+          "only for block 0), so that equal hashes mean equal prefixes")),
+        (chain(num_full, salted, function=sha256),
+         "hash with the hash_function argument (the engine picks it), not a fixed one"),
+        (chain(num_full, salted, restart=num_known) if num_known else None,
+         "the first hashes are known_hashes: keep them, and chain the next block to the last of them"),
+    ]
+
+
+_HASH_REQUEST_HINT = ("one hash per FULL block, chained, in order; the salt enters through the first block's "
+                      "extra keys; extend known_hashes instead of starting over")
+
+
 @graded
 def check_hash_request_tokens(candidate: Callable, seeds: Iterable[int] = range(10)) -> None:
     reference, block_hash = _reference("hash_request_tokens"), _reference("hash_block_tokens")
-    fixed = [(4, list(range(10)), None, 0), (4, list(range(8)), "tenant-a", 0), (16, list(range(55)), None, 1),
-             (2, [7], None, 0), (2, list(range(9)), "tenant-b", 2)]
+    fixed = [(4, list(range(10)), None, 0, "sha256"), (4, list(range(8)), "tenant-a", 0, "sha256"),
+             (16, list(range(55)), None, 1, "sha256"), (2, [7], None, 0, "sha256"),
+             (2, list(range(9)), "tenant-b", 2, "sha256"), (4, list(range(13)), None, 0, "another hash function"),
+             (2, list(range(12)), None, 3, "sha256"), (4, list(range(16)), None, 4, "sha256")]
     cases = list(fixed)
     for seed in seeds:
         rng = random.Random(seed)
         tokens = [rng.randrange(50) for _ in range(rng.randint(1, 30))]
         block_size = rng.choice([1, 2, 4, 8])
-        cases.append((block_size, tokens, rng.choice([None, "salt"]), rng.randint(0, len(tokens) // block_size)))
-    for block_size, tokens, salt, num_known in cases:
-        full = reference(block_size, tokens, salt, sha256)
-        inputs = {"block_size": block_size, "token_ids": tokens, "cache_salt": salt, "hash_function": "sha256",
+        cases.append((block_size, tokens, rng.choice([None, "salt"]), rng.randint(0, len(tokens) // block_size),
+                      rng.choice(["sha256", "another hash function"])))
+    functions = _hash_functions()
+    for block_size, tokens, salt, num_known, function_name in cases:
+        hash_function = functions[function_name]
+        full = reference(block_size, tokens, salt, hash_function)
+        inputs = {"block_size": block_size, "token_ids": tokens, "cache_salt": salt, "hash_function": function_name,
                   "known_hashes": f"the first {num_known} of the answer"}
         known = list(full[:num_known])
-        with calling("hash_request_tokens", inputs):   # the reference block hash: graded apart from Exercise 1
-            got = candidate(block_size, tokens, salt, sha256, known, hash_block_tokens=block_hash)
-        expect_equal("hash_request_tokens(...)", inputs, full, got,
-                     "one hash per FULL block, chained; the salt goes into the first block's extra keys only "
-                     "(block_extra_keys); extend known_hashes instead of starting over")
-        expect_equal("known_hashes after the call", inputs, full, known, "extend known_hashes in place")
+        counting = _CountingHash(hash_function)
+        with calling("hash_request_tokens", inputs, hint=_HASH_REQUEST_HINT):   # the reference block hash:
+            got = candidate(block_size, tokens, salt, counting, known, hash_block_tokens=block_hash)  # not Ex. 1
+        if got != full:
+            hint = next((why for variant, why in _chain_variants(block_size, tokens, salt, hash_function, num_known)
+                         if variant == got), _HASH_REQUEST_HINT)
+            if isinstance(got, list) and len(got) == len(full) and got[:num_known] != full[:num_known]:
+                hint = "the first hashes are known_hashes: keep them, and chain the next block to the last of them"
+            expect_equal("hash_request_tokens(...) (hashes as hex prefixes)", inputs, _short_hashes(full),
+                         _short_hashes(got), hint)
+        expect_equal("known_hashes after the call (hashes as hex prefixes)", inputs, _short_hashes(full),
+                     _short_hashes(known),
+                     "extend known_hashes in place (the engine keeps that list for the request), and return it")
+        expect_equal("how many blocks were hashed (calls of hash_function)", inputs,
+                     len(full) - num_known, counting.calls,
+                     "hash with the hash_function argument (the engine picks it; it was never called)"
+                     if counting.calls == 0 else
+                     "hash only the blocks known_hashes lacks: a request that grows by one token per step must "
+                     "not hash its whole prompt again at every step")
     passed("check_hash_request_tokens", len(cases))
 
 
@@ -152,8 +264,12 @@ def _manager(parts: dict[str, Any], num_gpu_blocks: int, block_size: int, enable
                                            choices=choices)
 
 
-def _ids(blocks: Any) -> list[int] | None:
-    return None if blocks is None else [block.block_id for block in blocks]
+def _ids(blocks: Any) -> Any:
+    """Block ids of a list of blocks; anything else (a learner's odd return value) as it is, for the message."""
+    if blocks is None or not isinstance(blocks, (list, tuple)):
+        return blocks
+    return [block.block_id if isinstance(block, KVCacheBlock) else f"not a block: {block!r}"[:60]
+            for block in blocks]
 
 
 def _new_request(op: tuple) -> Request:
@@ -184,6 +300,11 @@ def _apply(side: _Side, op: tuple) -> str:
         manager.forget_request(request_id)
         del requests[request_id]
         return "freed its blocks, last block first"
+    if kind == "preempt running":  # the scheduler needs room: a running request loses its blocks, keeps its tokens
+        manager.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        return f"freed its blocks; it keeps its {request.num_tokens} tokens ({request.num_output_tokens} generated)"
     if kind == "decode":
         request.append_output_token_ids(op[2])
         num_new = 1
@@ -218,6 +339,8 @@ def _describe(op: tuple) -> str:
         return f"continue {request_id}'s prefill: schedule {op[2]} more tokens"
     if kind == "preempt":
         return f"schedule {op[2]} more tokens of {request_id}, then preempt it in the same step"
+    if kind == "preempt running":
+        return f"preempt {request_id} while it decodes"
     return f"finish {request_id}"
 
 
@@ -343,16 +466,19 @@ def run_workload(name: str, candidate: Callable, ops: Iterable[tuple] | Callable
         difference = _first_difference(expected, got)
         if difference is not None:
             where, field_name, want, have = difference
-            raise _diverged(name, step, log, where, f": expected {want}, got {have}",
-                            hints.get(field_name, hints["default"]))
+            hint = hints.get(field_name, hints["default"])
+            if field_name == "what the step did" and op[0] == "resume" and "resume" in hints:
+                hint = hints["resume"]
+            raise _diverged(name, step, log, where, f": expected {want}, got {have}", hint)
     return max_steps
 
 
 def scripted_ops(block_size: int = _BLOCK_SIZE) -> list[tuple]:
     """The fixed workload (block size 4, a pool of 11 blocks): hits, a full-prompt hit (the last token is
     recomputed, so a duplicate block appears), lazy eviction of a freed cached block and of a duplicate,
-    a hit revived from the free queue, a preemption in the same step, a salted request and a request that
-    skips reading the cache."""
+    a hit revived from the free queue, a preemption in the same step, a salted request, a request that
+    skips reading the cache, and a request preempted while decoding and resumed (its generated tokens fill
+    blocks it can hit again)."""
     assert block_size == 4
     prompt = list(range(1, 9))   # two full blocks
     return [
@@ -373,6 +499,11 @@ def scripted_ops(block_size: int = _BLOCK_SIZE) -> list[tuple]:
         ("admit", "H", prompt + [11], 16, "tenant-b", False),
         ("admit", "I", prompt + [11, 12, 13, 14, 15], 16, None, True),
         ("finish", "H"), ("finish", "I"),
+        ("admit", "J", list(range(80, 86)), 16, None, False),
+        ("decode", "J", 86), ("decode", "J", 87), ("decode", "J", 88),
+        ("preempt running", "J"),
+        ("resume", "J", None, 16),
+        ("finish", "J"),
     ]
 
 
@@ -391,7 +522,7 @@ def random_ops(seed: int, block_size: int) -> Callable[[_Side], tuple | None]:
         preempted = [r for r in requests.values() if r.num_computed_tokens == 0]
         choices = ["admit"] * (3 if len(requests) < 4 else 1) + ["finish"] * (len(requests) > 0) * 2
         choices += ["chunk", "chunk", "preempt"] * bool(prefilling) + ["decode", "decode"] * bool(done)
-        choices += ["resume"] * bool(preempted)
+        choices += ["resume"] * bool(preempted) + ["preempt running"] * bool(done)
         kind = rng.choice(choices)
         if kind == "admit":
             request_id = f"R{next(counter)}"
@@ -404,6 +535,8 @@ def random_ops(seed: int, block_size: int) -> Callable[[_Side], tuple | None]:
             return (kind, rng.choice(prefilling).request_id, rng.choice([1, block_size, 2 * block_size]))
         if kind == "decode":
             return ("decode", rng.choice(done).request_id, rng.randrange(1, 6))
+        if kind == "preempt running":
+            return ("preempt running", rng.choice(done).request_id)
         return ("resume", rng.choice(preempted).request_id, None, 64)
 
     return next_op
@@ -428,8 +561,9 @@ _RAISED_HINT = ("run the operations above on `KVCacheManager(11, 4, enable_cachi
 # ---------------------------------------------------------------- cache_full_blocks
 _CACHE_FULL_HINTS = {
     "block_hash": "publish exactly the blocks that became full: indexes [num_cached_blocks, num_full_blocks) of "
-                  "`blocks`, each under the hash of the same index in `block_hashes`; a block that already holds "
-                  "a hash (a prefix hit this request took) keeps it",
+                  "`blocks`, each under the hash of the same index in `block_hashes` (a duplicate holds its hash "
+                  "too: eviction reads it from the block); a block that already holds a hash (a prefix hit this "
+                  "request took) keeps it",
     "cached_block_hash_to_block": "a hash not in the map yet maps to its block; a hit must resolve to the OLDEST "
                                   "block with that hash, so an existing entry is never overwritten",
     "duplicate_cached_blocks": "two requests that computed the same prefix hold two blocks with one hash: the "
@@ -448,11 +582,15 @@ def check_cache_full_blocks(candidate: Callable, seeds: Iterable[int] = range(6)
 
 
 # ---------------------------------------------------------------- get_computed_blocks
-_LOOKUP_HINT = ("the hits are the cached blocks of the LONGEST run of the request's leading full blocks (stop at "
-                "the first miss), holding at most num_tokens - 1 tokens (the last token is always computed, for "
-                "its logits); none when the request may not read the cache (prefix_cache_lookup_enabled)")
+_LOOKUP_HINT = ("the hits are the cached blocks of the longest run of the request's leading full blocks with no "
+                "miss, and they must leave the request's last token (prompt or generated) to compute, for its "
+                "logits; no hits when the request may not read the cache (prefix_cache_lookup_enabled)")
+_RESUME_HINT = ("this request was preempted after it had generated tokens, and is now resumed: its generated "
+                "tokens are part of its sequence, they filled blocks that were cached, and its last token is the "
+                "last of ALL its tokens (request.num_tokens counts the prompt and the generated tokens)")
 _GET_COMPUTED_HINTS = {
     "what the step did": _LOOKUP_HINT,
+    "resume": _RESUME_HINT,
     "ref_cnt": "a lookup changes nothing: allocate_slots takes the hits (touch) once the request is admitted",
     "free queue (head first)": "a lookup changes nothing: allocate_slots takes the hits (touch) once the request "
                                "is admitted",
@@ -462,31 +600,47 @@ _GET_COMPUTED_HINTS = {
 
 
 def _lookup_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
-    """A request, and which of its chain's full blocks the pool caches (indexes): a hole stops the hit."""
+    """A request (its prompt, the tokens it generated before a preemption), and which of its chain's full
+    blocks the pool caches (indexes): a hole stops the hit."""
     cases = [
-        {"block_size": 4, "prompt": list(range(1, 18)), "cached": [0, 2, 3], "prompt_logprobs": False},
-        {"block_size": 4, "prompt": list(range(1, 17)), "cached": [0, 1, 2, 3], "prompt_logprobs": False},
-        {"block_size": 4, "prompt": list(range(1, 18)), "cached": [0, 1, 2, 3], "prompt_logprobs": False},
-        {"block_size": 16, "prompt": list(range(1, 56)), "cached": [0, 1, 2], "prompt_logprobs": False},
-        {"block_size": 4, "prompt": list(range(1, 18)), "cached": [0, 1, 2, 3], "prompt_logprobs": True},
-        {"block_size": 4, "prompt": [1, 2, 3], "cached": [], "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 18)), "generated": [], "cached": [0, 2, 3], "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 17)), "generated": [], "cached": [0, 1, 2, 3],
+         "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 18)), "generated": [], "cached": [0, 1, 2, 3],
+         "prompt_logprobs": False},
+        {"block_size": 16, "prompt": list(range(1, 56)), "generated": [], "cached": [0, 1, 2], "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 18)), "generated": [], "cached": [0, 1, 2, 3],
+         "prompt_logprobs": True},
+        {"block_size": 4, "prompt": [1, 2, 3], "generated": [], "cached": [], "prompt_logprobs": False},
+        # resumed after a preemption: the generated tokens filled blocks that were cached
+        {"block_size": 4, "prompt": list(range(1, 11)), "generated": list(range(11, 18)), "cached": [0, 1, 2, 3],
+         "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 7)), "generated": [7, 8, 9], "cached": [0, 1],
+         "prompt_logprobs": False},
+        {"block_size": 4, "prompt": list(range(1, 9)), "generated": [9, 10, 11, 12], "cached": [0, 1, 2],
+         "prompt_logprobs": False},
     ]
     for seed in seeds:
         rng = random.Random(seed)
         for _ in range(3):
             block_size = rng.choice([1, 2, 4])
             prompt = [rng.randrange(1, 50) for _ in range(rng.randint(1, 6 * block_size))]
-            num_full = len(prompt) // block_size
-            cases.append({"block_size": block_size, "prompt": prompt, "prompt_logprobs": rng.random() < 0.1,
+            generated = [rng.randrange(1, 50) for _ in range(rng.choice([0, 0, rng.randint(1, 3 * block_size)]))]
+            num_full = (len(prompt) + len(generated)) // block_size
+            cases.append({"block_size": block_size, "prompt": prompt, "generated": generated,
+                          "prompt_logprobs": rng.random() < 0.1,
                           "cached": sorted(rng.sample(range(num_full), rng.randint(0, num_full)))})
     return cases
 
 
 def _lookup_setup(manager: KVCacheManager, case: dict[str, Any]) -> Request:
     """Cache the chosen blocks of the case's chain (then free them: free but still cached, some in use)."""
-    params = SamplingParams(max_tokens=8, prompt_logprobs=1 if case["prompt_logprobs"] else None)
+    params = SamplingParams(max_tokens=64, prompt_logprobs=1 if case["prompt_logprobs"] else None)
     request = Request("req", case["prompt"], params)
-    hashes = kv_cache_utils.hash_request_tokens(case["block_size"], case["prompt"], None, sha256)
+    if case["generated"]:
+        request.append_output_token_ids(list(case["generated"]))
+        request.num_preemptions = 1
+    hashes = kv_cache_utils.hash_request_tokens(case["block_size"], request.all_token_ids, None, sha256)
     pool = manager.block_pool
     blocks = pool.get_new_blocks(len(hashes))
     for index in case["cached"]:
@@ -495,28 +649,57 @@ def _lookup_setup(manager: KVCacheManager, case: dict[str, Any]) -> Request:
     return request
 
 
+def _hits_before_first_miss(case: dict[str, Any]) -> int:
+    """How many leading chain blocks are cached with no hole."""
+    num_leading = 0
+    while num_leading in case["cached"]:
+        num_leading += 1
+    return num_leading
+
+
 def _lookup_hint(case: dict[str, Any], expected: tuple, got: tuple) -> str:
     """The rule this case exercises, when the hit list tells which one was broken."""
     got_ids, got_num = got
+    block_size, num_prompt = case["block_size"], len(case["prompt"])
+    num_tokens = num_prompt + len(case["generated"])
+    if not isinstance(got_ids, list) or not all(isinstance(i, int) for i in got_ids):
+        return ("return (hits, num_hit_tokens): a list of the pool's KVCacheBlock objects (the ones "
+                "self.block_pool.get_cached_block returns) and an int")
     if case["prompt_logprobs"] and got_ids:
         return ("a request asking for prompt logprobs may not read the cache (it needs every prompt token's "
                 "logits): prefix_cache_lookup_enabled(request) is false, so no hits")
     if got_ids == expected[0] and got_num != expected[1]:
         return "num_hit_tokens counts the TOKENS the hit blocks hold, not the blocks"
-    if isinstance(got_num, int) and got_num > len(case["prompt"]) - 1:
-        return ("at most num_tokens - 1 tokens may hit: the last token is always computed, for its logits, so a "
-                "fully cached prompt recomputes its last block")
-    if isinstance(got_ids, list) and len(got_ids) > len(expected[0]):
+    if len(got_ids) > _hits_before_first_miss(case):
         return ("stop at the first miss: a block is useful only if every block before it is cached too (its KV "
                 "depends on the whole prefix)")
+    if len(got_ids) * block_size >= num_tokens:
+        return ("the hits may not cover the whole request: its last token is always computed, because the next "
+                "token is sampled from its logits, so a fully cached prompt recomputes its last block")
+    prompt_only = min(_hits_before_first_miss(case), (num_prompt - 1) // block_size)
+    if case["generated"] and len(got_ids) == prompt_only < len(expected[0]):
+        return _RESUME_HINT
+    if len(got_ids) < len(expected[0]):
+        return ("too few hits: every leading cached block may be reused as long as the request's last token is "
+                "left to compute (round down to whole blocks, never below what still leaves that token)")
     return _LOOKUP_HINT
+
+
+def _lookup_inputs(case: dict[str, Any]) -> dict[str, Any]:
+    inputs = {"block_size": case["block_size"], "prompt": case["prompt"]}
+    if case["generated"]:
+        inputs["generated before its preemption"] = case["generated"]
+        inputs["request.num_tokens"] = len(case["prompt"]) + len(case["generated"])
+    inputs["prompt_logprobs"] = case["prompt_logprobs"]
+    inputs["cached"] = f"the blocks of chain indexes {case['cached']} (block ids = index + 1)"
+    return inputs
 
 
 @graded
 def check_get_computed_blocks(candidate: Callable, seeds: Iterable[int] = range(6)) -> None:
     name, num_cases, seeds = "get_computed_blocks", 0, list(seeds)
     for case in _lookup_cases(seeds):
-        num_blocks = len(case["prompt"]) // case["block_size"] + 3
+        num_blocks = (len(case["prompt"]) + len(case["generated"])) // case["block_size"] + 3
         reference = _manager({}, num_blocks, case["block_size"])
         learner = _manager({name: candidate}, num_blocks, case["block_size"])
         requests = _lookup_setup(reference, case), _lookup_setup(learner, case)
@@ -524,11 +707,14 @@ def check_get_computed_blocks(candidate: Callable, seeds: Iterable[int] = range(
         names.learn(_Side(reference, {"req": requests[0]}))
         hits, num_hit_tokens = reference.get_computed_blocks(requests[0])
         expected = (_ids(hits), num_hit_tokens)
-        inputs = {**case, "cached": f"the blocks of chain indexes {case['cached']} (block ids = index + 1)"}
+        inputs = _lookup_inputs(case)
         before = _pool_fields(learner.block_pool, names)
         with calling(name, inputs, expected=expected, hint=_LOOKUP_HINT):
-            got_hits, got_num = candidate(learner, requests[1])
-        got = (_ids(got_hits), got_num)
+            returned = candidate(learner, requests[1])
+        if not (isinstance(returned, (tuple, list)) and len(returned) == 2):
+            expect_equal("get_computed_blocks(self, request)", inputs, expected, returned,
+                         "return a pair (hits, num_hit_tokens): the hit blocks, then the tokens they hold")
+        got = (_ids(returned[0]), returned[1])
         expect_equal("(hit block ids, num_hit_tokens)", inputs, expected, got, _lookup_hint(case, expected, got))
         _expect_same_pool("the pool after the lookup", inputs, before, _pool_fields(learner.block_pool, names),
                           {"default": _GET_COMPUTED_HINTS["ref_cnt"]})
@@ -600,8 +786,28 @@ def _state(pool: BlockPool) -> dict[str, Any]:
     return {"ref_cnts": [b.ref_cnt for b in pool.blocks], "free_queue": pool.free_block_ids()}
 
 
+_TOUCH_RAISED_HINT = ("the free queue holds only free blocks: only a free block (ref_cnt 0) leaves it when touched; a "
+                      "block in use (ref_cnt >= 1) and the null block (block 0) are not in it")
 _TOUCH_HINT = ("skip the null block (block 0: never in the free queue, its ref_cnt is not kept); a free block "
                "(ref_cnt 0) leaves the free queue; every other touched block gets one more reference")
+
+
+def _touch_hint(before: dict[str, Any], ids: list[int], expected: dict[str, Any], got: dict[str, Any]) -> str:
+    """The rule of touch that this result breaks."""
+    if 0 in ids and got["ref_cnts"][0] != expected["ref_cnts"][0]:
+        return ("skip the null block (block 0): it is never in the free queue and its ref_cnt is not kept (it "
+                "stands in for skipped blocks in many block tables at once)")
+    still_free = [i for i in ids if i and before["ref_cnts"][i] == 0 and i in got["free_queue"]]
+    if still_free:
+        return (f"a free block (ref_cnt 0) leaves the free queue when touched: block {still_free[0]} is still "
+                f"there, so a later allocation would hand it out while this request reads it")
+    wrong_count = [i for i in ids if i and got["ref_cnts"][i] != expected["ref_cnts"][i]]
+    if wrong_count:
+        block_id = wrong_count[0]
+        return (f"every touched block gets one more reference: block {block_id} had ref_cnt "
+                f"{before['ref_cnts'][block_id]} before, so {expected['ref_cnts'][block_id]} after (each request "
+                f"that holds it frees it once)")
+    return _TOUCH_HINT
 
 
 @graded
@@ -637,16 +843,16 @@ def check_touch(candidate: Callable, seeds: Iterable[int] = range(20)) -> None:
                 ids.insert(rng.randint(0, len(ids)), 0)
             inputs = {"operations so far": list(history), "state before": _state(reference), "touch": ids}
             reference.touch([reference.blocks[i] for i in ids])
-            with calling("touch", inputs, hint=_TOUCH_HINT):
+            with calling("touch", inputs, hint=_TOUCH_RAISED_HINT):
                 pool.touch([pool.blocks[i] for i in ids])
             expect_equal("pool after touch (ref_cnts of blocks 0, 1, ...; the free queue)", inputs, _state(reference),
-                         _state(pool), _TOUCH_HINT)
+                         _state(pool), _touch_hint(inputs["state before"], ids, _state(reference), _state(pool)))
             history.append(f"touch({ids})")
             num_cases += 1
     pool = BlockPool(4, enable_caching=True)
     pool.touch = types.MethodType(candidate, pool)
     inputs = {"operations so far": [], "touch": [0], "state before": _state(pool)}
-    with calling("touch", inputs, hint=_TOUCH_HINT):
+    with calling("touch", inputs, hint=_TOUCH_RAISED_HINT):
         pool.touch([pool.null_block])
     expect_equal("pool after touching only the null block", inputs, {"ref_cnts": [0, 0, 0, 0], "free_queue": [1, 2, 3]},
                  _state(pool), _TOUCH_HINT)
@@ -661,7 +867,9 @@ PHASE = Phase("10_prefix_caching", (
     Exercise("cache_full_blocks", check_cache_full_blocks, points=4, grade_id="test-cache-full-blocks",
              part="cache_full_blocks"),
     Exercise("get_computed_blocks", check_get_computed_blocks, points=3, grade_id="test-get-computed-blocks",
-             part="get_computed_blocks"),
+             part="get_computed_blocks",
+             design="the hit rule: how many leading cached blocks a new or resumed request may reuse, derived "
+                    "from why its last token must be computed and from a table of traced lookups"),
     Exercise("touch", check_touch, points=1, grade_id="test-touch", part="touch"),
     Exercise("_maybe_evict_cached_block", check_maybe_evict_cached_block, points=4,
              grade_id="test-maybe-evict-cached-block", part="_maybe_evict_cached_block"),
