@@ -19,12 +19,16 @@
   from vllm/v1/spec_decode/llm_base_proposer.py, called on a stand-in `self` that holds only the buffers they
   write. Call shape: a `CommonAttentionMetadata` stand-in (a namespace of the fields they read), the emitted
   tokens as lists of `num_sampled_tokens[b]` dummy ids, and the four outputs read back from what they return
-  and write (`input_ids` / `positions` buffers, `token_indices`, `token_indices_to_sample`).
+  and write (`input_ids` / `positions` buffers, `token_indices`, `token_indices_to_sample`). That is vLLM's path
+  with `disable_padded_drafter_batch=True`, the one mini takes. vLLM's default keeps the rejected rows as
+  padding (`prepare_inputs_padded`); a test below runs its kernel and shows it gives mini's inputs on every row
+  mini keeps.
 * `compute_draft_slots`: vLLM's `eagle_step_slot_mapping_metadata_kernel` (vllm/v1/spec_decode/utils.py), under
   Triton's interpreter, launched once per further pass with one program per request, as
-  `eagle_step_update_slot_mapping_and_metadata` launches it. Call shape: pass j gets the position before it,
-  `last + j` (vLLM's loop feeds the kernel its own clamped output instead, which only differs after a position
-  went past max_model_len: the request then ends, and mini keeps the later passes padded).
+  `eagle_step_update_slot_mapping_and_metadata` launches it, and fed its own clamped output of the pass before,
+  as `SpecDecodeBaseProposer._update_positions_dependent_metadata` (llm_base_proposer.py) does. After a pass past
+  max_model_len its positions restart at 1, 2, ...; mini pads those passes instead, and the check accepts both
+  rules (the notebook says why).
 """
 
 from types import SimpleNamespace
@@ -175,14 +179,16 @@ def vllm_compute_draft_slots():
         positions = torch.zeros(batch, num_steps, dtype=torch.int64)
         slots = torch.zeros(batch, num_steps, dtype=torch.int64)
         table = block_table.contiguous()
+        current = last_positions.to(torch.int64).clone()
+        seq_lens = torch.zeros(batch, dtype=torch.int32)
         for step in range(num_steps):
             out_positions = torch.zeros(batch, dtype=torch.int64)
             out_slots = torch.zeros(batch, dtype=torch.int64)
-            seq_lens = torch.zeros(batch, dtype=torch.int32)
-            kernel[(batch,)](last_positions.to(torch.int64) + step, table, table.stride(0), seq_lens, out_positions,
+            kernel[(batch,)](current, table, table.stride(0), seq_lens, out_positions,
                              out_slots, block_size=block_size, max_model_len=max_model_len,
                              n_blocks_per_req=table.shape[1], PAD_ID=-1, batch_size=batch)
             positions[:, step], slots[:, step] = out_positions, out_slots
+            current = out_positions     # the next pass starts from this pass's clamped position, as vLLM's loop
         return positions, slots
 
     return compute_draft_slots
@@ -191,3 +197,48 @@ def vllm_compute_draft_slots():
 @pytest.mark.slow
 def test_vllm_eagle_step_kernel_passes_check_compute_draft_slots():
     check_of(PHASE, "compute_draft_slots")(vllm_compute_draft_slots(), seeds=range(10))
+
+
+# ---- vLLM's DEFAULT first pass (padded): the same inputs as mini's on every row mini keeps
+def test_vllm_default_padded_first_pass_agrees_with_mini_on_every_kept_row():
+    """vLLM v0.33.0's default (`disable_padded_drafter_batch=False`) keeps the rejected rows as padding: its
+    `eagle_prepare_inputs_padded_kernel` (vllm/v1/spec_decode/utils.py, under Triton's interpreter) names the row
+    whose output gives each request's first guess, and `set_inputs_first_pass` writes the ids of all T rows. On
+    every row mini's dropping path keeps, vLLM's ids and positions are mini's, and its sampled row is mini's last
+    kept row: the notebook's claim that the two paths differ only in the rejected rows."""
+    import random
+
+    import torch
+    from course_vllm_kernels import interpreted_triton, vllm_kernel
+
+    from labs.checks.p12 import _eagle_call, _random_eagle_case, _worked_eagle_case
+    from mini.spec_decode.eagle import prepare_eagle_inputs
+
+    interpreted_triton()
+    kernel = vllm_kernel("vllm/v1/spec_decode/utils.py", "eagle_prepare_inputs_padded_kernel")
+    set_inputs_first_pass = vllm_definition(LBP, "SpecDecodeBaseProposer.set_inputs_first_pass",
+                                            {"np": np, "torch": torch, "CommonAttentionMetadata": SimpleNamespace})
+    cases = [_worked_eagle_case()] + [_random_eagle_case(random.Random(seed)) for seed in range(20)]
+    for case in cases:
+        num_reqs, num_tokens = len(case["num_draft_tokens"]), len(case["target_token_ids"])
+        query_start_loc = torch.tensor(case["query_start_loc"], dtype=torch.int32)
+        token_indices_to_sample = torch.zeros(num_reqs, dtype=torch.int32)
+        num_rejected = torch.zeros(num_reqs, dtype=torch.int32)
+        kernel[(num_reqs,)](torch.tensor(case["num_draft_tokens"], dtype=torch.int32).cumsum(0).to(torch.int32),
+                            torch.tensor(case["num_sampled_tokens"], dtype=torch.int32), query_start_loc,
+                            token_indices_to_sample, num_rejected, num_reqs)
+        positions = torch.zeros(num_tokens, dtype=torch.int64)
+        proposer = SimpleNamespace(use_heterogeneous_vocab=False, needs_extra_input_slots=False,
+                                   input_ids=torch.zeros(num_tokens, dtype=torch.int64),
+                                   hidden_states=torch.zeros(num_tokens, 1),
+                                   _set_positions=lambda n, values, out=positions: out[:n].copy_(values))
+        set_inputs_first_pass(proposer, target_token_ids=torch.tensor(case["target_token_ids"]),
+                              next_token_ids=torch.tensor(case["next_token_ids"]),
+                              target_positions=torch.tensor(case["target_positions"]),
+                              target_hidden_states=torch.zeros(num_tokens, 1),
+                              token_indices_to_sample=token_indices_to_sample.long(),
+                              cad=SimpleNamespace(query_start_loc=query_start_loc), num_rejected_tokens_gpu=num_rejected)
+        mini_ids, mini_positions, kept, last = (t.tolist() for t in _eagle_call(prepare_eagle_inputs, case))
+        assert [proposer.input_ids[row].item() for row in kept] == mini_ids, case
+        assert [positions[row].item() for row in kept] == mini_positions, case
+        assert token_indices_to_sample.tolist() == [kept[i] for i in last], case

@@ -18,6 +18,15 @@ def propose_ngram(token_ids, min_n, max_n, k, max_model_len=None):
     return []
 '''
 
+RESIDUAL_ONLY_AT_DRAFT = '''
+def compute_residual_probs(target_probs, draft_probs, draft_token_ids):
+    rows = torch.arange(target_probs.shape[0])
+    residual = target_probs.clone()
+    q = 1.0 if draft_probs is None else draft_probs[rows, draft_token_ids]
+    residual[rows, draft_token_ids] = (residual[rows, draft_token_ids] - q).clamp_min(0.0)
+    return residual / residual.sum(dim=-1, keepdim=True)
+'''
+
 REJECTION_FROM_P = ("replacement = None if accepted else int(torch.multinomial(residual[t], 1, generator=generator))",
                     "replacement = None if accepted else int(torch.multinomial(target_probs[t], 1, generator=generator))")
 
@@ -54,6 +63,13 @@ WRONG = [
     Wrong("compute_residual_probs", "writes into target_probs",
           edit=("residual = (target_probs - draft_probs).clamp_min(0.0)",
                 "residual = target_probs.sub_(draft_probs).clamp_min_(0.0)"), expect="compute a new tensor"),
+    Wrong("compute_residual_probs", "the whole tensor normalised at once",
+          edit=("return residual / residual.sum(dim=-1, keepdim=True)", "return residual / residual.sum()"),
+          expect="each ROW must sum to 1"),
+    Wrong("compute_residual_probs", "q subtracted at the draft token only", source=RESIDUAL_ONLY_AT_DRAFT,
+          expect="subtract it at every token"),
+    Wrong("compute_residual_probs", "draft_probs ignored: q always one-hot",
+          edit=("    if draft_probs is None:\n", "    if True:\n"), expect="when it is given, it is q"),
     # rejection_sample
     Wrong("rejection_sample", "recovered token drawn from p, not max(0, p - q)", edit=REJECTION_FROM_P,
           expect="emitted the rejected draft 0 as its recovered token"),
@@ -68,6 +84,15 @@ WRONG = [
           edit=("generator = generators.get(row)", "generator = None"), expect="its own generator"),
     Wrong("rejection_sample", "greedy rows judged like random ones",
           edit=("if bool(is_greedy[row]):", "if False:"), expect="a greedy row"),
+    Wrong("rejection_sample", "padded with 0 instead of -1",
+          edit=("PLACEHOLDER_TOKEN_ID, dtype=torch.int64)", "0, dtype=torch.int64)"), expect="then -1"),
+    Wrong("rejection_sample", "the bonus token appended after a rejection too",
+          edit=("                output[row, position] = replacement\n                break",
+                ("                output[row, position] = replacement\n"
+                 "                output[row, position + 1] = int(bonus_token_ids[row])\n                break")),
+          expect="the recovered token 2, then -1"),
+    Wrong("rejection_sample", "every row reads the flat arrays from 0 (its offset forgotten)",
+          edit=("t = start + position", "t = position"), expect="draft 2 accepted (argmax 2)"),
     # prepare_eagle_inputs
     Wrong("prepare_eagle_inputs", "no shift: each row reads its own token (the draft model's inputs)",
           edit=("next_id = target_token_ids[row + 1] if row + 1 < kept.stop else next_token_ids[b]",
@@ -87,9 +112,16 @@ WRONG = [
     Wrong("prepare_eagle_inputs", "last_indices counted in the target's rows",
           edit=("last_indices.append(len(hidden_indices) - 1)", "last_indices.append(kept.stop - 1)"),
           expect="not among the target's T rows"),
+    Wrong("prepare_eagle_inputs", "the positions shifted along with the ids",
+          edit=("positions.append(int(target_positions[row]))", "positions.append(int(target_positions[row]) + 1)"),
+          expect="only the ids move one place"),
+    Wrong("prepare_eagle_inputs", "hidden_indices count the kept rows instead of naming target rows",
+          edit=("hidden_indices.append(row)", "hidden_indices.append(len(hidden_indices))"),
+          expect="not a count of the kept rows"),
     # compute_draft_slots
     Wrong("compute_draft_slots", "the first pass repeats the last position",
-          edit=("torch.arange(1, num_steps + 1)", "torch.arange(num_steps)"), expect="position last + 1 + j"),
+          edit=("torch.arange(1, num_steps + 1)", "torch.arange(num_steps)"),
+          expect="one position after the input before it"),
     Wrong("compute_draft_slots", "no padding at max_model_len",
           edit=("past_end = positions >= max_model_len", "past_end = positions < 0"),
           expect="slot PADDING_SLOT_ID (-1)"),
@@ -103,6 +135,12 @@ WRONG = [
           edit=("slots = block_table.long().gather(1, block_numbers) * block_size + positions % block_size",
                 "slots = block_numbers * block_size + positions % block_size"),
           expect="block_table[b, position // block_size] * block_size"),
+    Wrong("compute_draft_slots", "positions past the end kept (only the slot padded)",
+          edit=("    positions = torch.where(past_end, 0, positions)\n", ""),
+          expect="that pass gets position 0"),
+    Wrong("compute_draft_slots", "every request reads the first request's blocks",
+          edit=("block_table.long().gather(1, block_numbers)", "block_table.long()[0][block_numbers]"),
+          expect="found through the request's row of block_table"),
 ]
 
 

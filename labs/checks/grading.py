@@ -18,6 +18,10 @@ Each ends the child's whole process group and fails that exercise alone, with a 
 check's own verdict (an AssertionError with its counterexample, NotImplementedYet) travels back to the parent
 and is raised there unchanged, with whatever the check printed.
 
+A child starts as a copy of the grading process, so what the parent has already loaded costs the child
+nothing, and what a child loads is lost with it. A checks module can name the cached builders its checks share
+(a tokenizer, a tiny model) in a `WARM_UP` tuple: they run once in the parent before its first child is forked.
+
 Isolation is skipped, and the check runs in the caller's process, where a process cannot fork (Windows),
 where CUDA is already initialized in the caller (a forked child cannot use it), inside a child already, and
 when `MINI_LABS_ISOLATION=0`. The limits can be raised with `MINI_LABS_CPU_LIMIT_S`,
@@ -79,9 +83,24 @@ def graded(check: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(check)
     def run(candidate, *args, **kwargs):
+        if isolation_available():
+            warm_up(check.__module__)
         return run_isolated(functools.partial(check, candidate, *args, **kwargs), what=_what(check, candidate))
 
     return run
+
+
+_warmed: set[str] = set()
+
+
+def warm_up(module_name: str) -> None:
+    """Run the `WARM_UP` builders of a checks module once in this process (see the module docstring)."""
+    if module_name in _warmed:
+        return
+    _warmed.add(module_name)
+    for build in getattr(sys.modules.get(module_name), "WARM_UP", ()):
+        with contextlib.suppress(Exception):  # a builder that fails here fails again, with feedback, in the check
+            build()
 
 
 def _what(check: Callable[..., Any], candidate: Any) -> str:
@@ -101,6 +120,8 @@ def grade_exercise(path, assignment_id: str, exercise) -> None:
     for module in setup_modules(path):
         with contextlib.suppress(Exception):
             importlib.import_module(module)
+    if isolation_available():
+        warm_up(exercise.check.__module__)
 
     def work() -> None:
         exercise.check(load_answers(path).get(exercise.name))

@@ -20,8 +20,12 @@ vLLM counterparts: `propose_ngram` is `_find_longest_matched_ngram_and_propose_t
 `check_rejection_sample`. `compute_residual_probs` has no counterpart (the kernel never normalises the
 residual). `prepare_eagle_inputs` is what `SpecDecodeBaseProposer.prepare_inputs` (drop the rejected drafts)
 and `set_inputs_first_pass` (shift the ids, the next token last) do together
-(vllm/v1/spec_decode/llm_base_proposer.py); `compute_draft_slots` is `eagle_step_slot_mapping_metadata_kernel`
-(vllm/v1/spec_decode/utils.py) over the k - 1 further passes. The rollback of the rejected drafts (the
+(vllm/v1/spec_decode/llm_base_proposer.py): vLLM's path with `disable_padded_drafter_batch=True`, mini's only
+one; vLLM's default (`prepare_inputs_padded`) keeps the rejected rows as padding, a different output the
+engine's first pass does not take. `compute_draft_slots` is `eagle_step_slot_mapping_metadata_kernel`
+(vllm/v1/spec_decode/utils.py) over the k - 1 further passes. The check accepts two rules for the passes after
+one past max_model_len: mini's (padded too) and vLLM's (its loop feeds the kernel its own clamped output, so the
+positions restart at 1, 2, ...); neither engine uses those passes. The rollback of the rejected drafts (the
 scheduler's `rollback_spec_tokens`) is no exercise of its own: `prepare_eagle_inputs` counts the rejected
 drafts the same way.
 """
@@ -40,6 +44,7 @@ from labs.manifest import Exercise, Phase
 from mini import roles
 
 PLACEHOLDER_TOKEN_ID = -1
+PADDING_SLOT_ID = -1       # mini.spec_decode.model_proposer's (and vLLM's) "write this K/V nowhere"
 # Chi-square bound for 4 degrees of freedom (5 tokens): a correct sampler exceeds it with probability ~2e-6.
 CHI_SQUARE_BOUND = 30.0
 
@@ -104,8 +109,8 @@ def check_propose_ngram(propose_ngram: Callable, seeds: Iterable[int] = range(30
         token_ids = list(case["token_ids"])
         with calling("propose_ngram", case, expected=expected, hint=NGRAM_HINT):
             got = propose_ngram(token_ids, case["min_n"], case["max_n"], case["k"], case["max_model_len"])
-        got = _as_list(got)
-        got = [int(t) for t in got] if isinstance(got, list) else got
+        as_ints = _int_list(got)
+        got = as_ints if as_ints is not None else got
         expect_equal("propose_ngram(...)", case, expected, got, NGRAM_HINT)
         expect_equal("token_ids after the call", case, case["token_ids"], token_ids,
                      "propose_ngram must not change token_ids")
@@ -137,6 +142,37 @@ def _residual_cases(seed: int) -> list[tuple[torch.Tensor, torch.Tensor | None, 
     return [(target, draft, tokens), (target, None, tokens)]
 
 
+def _residual_slips(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a few plausible slips return on this case, to name the one a wrong answer made (float64)."""
+    p = target.to(torch.float64)
+    rows = torch.arange(p.shape[0])
+    one_hot = torch.zeros_like(p)
+    one_hot[rows, tokens] = 1.0
+    q = one_hot if draft is None else draft.to(torch.float64)
+    residual = (p - q).clamp_min(0.0)
+
+    def normalised(values: torch.Tensor) -> torch.Tensor:
+        return values / values.sum(dim=-1, keepdim=True)
+
+    only_at_draft = p.clone()
+    only_at_draft[rows, tokens] = (p[rows, tokens] - q[rows, tokens]).clamp_min(0.0)
+    slips = {
+        "the rows were not normalised (divide each by its own sum)": residual,
+        "the whole tensor was normalised at once: each ROW must sum to 1": residual / residual.sum(),
+        "p - q was not clamped at 0: a token the proposer over-rated gets no probability, never a negative one":
+            normalised(p - q),
+        "q was subtracted at the draft token only: q is a whole distribution, subtract it at every token":
+            normalised(only_at_draft),
+    }
+    if draft is None:
+        slips["draft_probs None was read as q = 0 (the residual came out as p): the guess was certain, so q is "
+              "one-hot at draft_token_ids[row]"] = normalised(p)
+    else:
+        slips["draft_probs was ignored (q taken one-hot at the draft): when it is given, it is q"] = normalised(
+            (p - one_hot).clamp_min(0.0))
+    return slips
+
+
 @graded
 def check_compute_residual_probs(compute_residual_probs: Callable, seeds: Iterable[int] = range(20)) -> None:
     reference = _reference("compute_residual_probs")
@@ -157,9 +193,19 @@ def check_compute_residual_probs(compute_residual_probs: Callable, seeds: Iterab
                          type(got).__name__, RESIDUAL_HINT)
         expect_equal("compute_residual_probs(...) shape", inputs, tuple(expected.shape), tuple(got.shape),
                      "one row per draft token, one column per vocabulary entry")
-        same = bool(torch.allclose(got.to(expected.dtype), expected, atol=1e-5, rtol=1e-4))
-        expect_equal("compute_residual_probs(...)", inputs, _short_tensor(expected), _short_tensor(got),
-                     RESIDUAL_HINT, equal=lambda _a, _b, ok=same: ok)
+        got_float = got.detach().to(torch.float64)
+        close = torch.isclose(got_float, expected.to(torch.float64), atol=1e-5, rtol=1e-4)
+        if not bool(close.all()):
+            row, token = (int(i) for i in (~close).nonzero()[0])
+            slips = [name for name, value in _residual_slips(target, draft, tokens).items()
+                     if value.shape == got_float.shape and bool(torch.allclose(
+                         got_float, value, atol=1e-5, rtol=1e-4, equal_nan=True))]
+            slip = "".join(f"{'Either ' if len(slips) > 1 and not i else 'or ' if i else ''}{name}. "
+                           for i, name in enumerate(slips))
+            expect_equal(f"compute_residual_probs(...) row {row}, token {token} (expected "
+                         f"{float(expected[row, token]):.4f}, got {float(got_float[row, token]):.4f}), the first wrong "
+                         "entry", inputs, _short_tensor(expected), _short_tensor(got_float), slip + RESIDUAL_HINT,
+                         equal=lambda _a, _b: False)
         unchanged = torch.equal(target_in, target) and (draft is None or torch.equal(draft_in, draft))
         expect_equal("the inputs after the call", inputs, "unchanged", "unchanged" if unchanged else "changed",
                      "compute a new tensor: the target (and draft) probabilities are used again afterwards",
@@ -336,6 +382,23 @@ def _check_recovered_from_residual(rejection_sample: Callable) -> int:
     return 1
 
 
+def _greedy_story(case: dict[str, Any], row: int) -> str:
+    """What a greedy row should do, told draft by draft: which drafts the argmax keeps, what comes after."""
+    start = sum(case["num_draft_tokens"][:row])
+    drafts = case["draft_token_ids"][start:start + case["num_draft_tokens"][row]].tolist()
+    steps = []
+    for offset, draft in enumerate(drafts):
+        best = int(case["target_probs"][start + offset].argmax())
+        if draft != best:
+            steps.append(f"draft {draft} rejected (argmax {best}) -> the recovered token {best}, then -1")
+            break
+        steps.append(f"draft {draft} accepted (argmax {best})")
+    else:
+        steps.append(f"{'all drafts accepted' if drafts else 'no drafts'} -> the bonus token "
+                     f"{int(case['bonus_token_ids'][row])}, then -1")
+    return "; ".join(steps)
+
+
 def _slice_row(case: dict[str, Any], row: int) -> dict[str, Any]:
     start = sum(case["num_draft_tokens"][:row])
     end = start + case["num_draft_tokens"][row]
@@ -448,7 +511,8 @@ def check_rejection_sample(rejection_sample: Callable, seeds: Iterable[int] = ra
                 if greedy:
                     expect_equal(f"rejection_sample(...) row {index} (a greedy row, {call})", inputs, expected[index],
                                  rows[index], "a greedy row accepts a draft iff it is the argmax of target_probs, "
-                                 "emits the argmax at the first mismatch, the bonus token if none; then -1")
+                                 "emits the argmax at the first mismatch, the bonus token if none; then -1. Here: "
+                                 + _greedy_story(case, index))
                 else:
                     _check_row_shape(index, rows[index], case, inputs)
         for index in case["seeds"]:
@@ -479,7 +543,11 @@ EAGLE_KEEP_HINT = ("keep each request's rows in order, minus its rejected drafts
 EAGLE_LAST_HINT = ("last_indices[b] counts among the head's N inputs (the kept rows, packed), not among the "
                    "target's T rows")
 EAGLE_OUTPUTS = ("input_ids", "positions", "hidden_indices", "last_indices")
-EAGLE_HINTS = {"input_ids": EAGLE_SHIFT_HINT, "positions": EAGLE_KEEP_HINT, "hidden_indices": EAGLE_KEEP_HINT,
+EAGLE_HIDDEN_HINT = ("hidden_indices[i] is a row number among the target's T rows (where the head reads the target's "
+                     "hidden state), not a count of the kept rows: " + EAGLE_KEEP_HINT)
+EAGLE_POSITIONS_HINT = ("positions[i] is the position of the target row hidden_indices[i] itself: only the ids move "
+                        "one place (the hidden states and positions stay where they were)")
+EAGLE_HINTS = {"input_ids": EAGLE_SHIFT_HINT, "positions": EAGLE_POSITIONS_HINT, "hidden_indices": EAGLE_HIDDEN_HINT,
                "last_indices": EAGLE_LAST_HINT}
 
 
@@ -522,6 +590,17 @@ def _eagle_call(function: Callable, case: dict[str, Any]) -> Any:
                     list(case["num_sampled_tokens"]), torch.tensor(case["next_token_ids"], dtype=torch.int64))
 
 
+def _int_list(value: Any) -> list[int] | None:
+    """`value` (a 1-D tensor, array or list) as a list of ints; None when it is not one."""
+    values = _as_list(value)
+    if not isinstance(values, list):
+        return None
+    try:
+        return [int(v) for v in values]
+    except (TypeError, ValueError):
+        return None
+
+
 def _first_difference(expected: list, got: list) -> int:
     for index, (want, have) in enumerate(zip(expected, got)):
         if want != have:
@@ -558,7 +637,11 @@ def check_prepare_eagle_inputs(prepare_eagle_inputs: Callable, seeds: Iterable[i
         if not isinstance(got, (tuple, list)) or len(got) != 4:
             expect_equal("prepare_eagle_inputs(...)", inputs, "a tuple of 4 int64 tensors (input_ids, positions, "
                          "hidden_indices, last_indices)", type(got).__name__, EAGLE_SHIFT_HINT)
-        got_lists = [[int(v) for v in _as_list(value)] for value in got]
+        got_lists = [_int_list(value) for value in got]
+        for name, values, value in zip(EAGLE_OUTPUTS, got_lists, got):
+            if values is None:
+                expect_equal(f"prepare_eagle_inputs(...): {name}", inputs, "a 1-D int64 tensor",
+                             f"{type(value).__name__} {getattr(value, 'shape', '')}".strip(), EAGLE_SHIFT_HINT)
         # The kept rows first (they decide every other output), then the ids read there, then the rest.
         for name in ("hidden_indices", "positions", "input_ids", "last_indices"):
             want, have = expected[EAGLE_OUTPUTS.index(name)], got_lists[EAGLE_OUTPUTS.index(name)]
@@ -575,13 +658,17 @@ def check_prepare_eagle_inputs(prepare_eagle_inputs: Callable, seeds: Iterable[i
 
 
 # ---------------------------------------------------------------- compute_draft_slots
-DRAFT_SLOT_HINT = ("pass j (0-based) feeds the request's newest draft at position last + 1 + j; its K/V goes to "
-                   "that position's slot: block_table[b, position // block_size] * block_size + position % "
-                   "block_size")
-DRAFT_PAD_HINT = ("a position >= max_model_len has no slot: position 0 and slot PADDING_SLOT_ID (-1), as vLLM's "
-                  "eagle_step_slot_mapping_metadata_kernel does")
-DRAFT_CLAMP_HINT = ("never read past the block table's last column: clamp the block number to "
+DRAFT_SLOT_HINT = ("pass j (0-based) feeds the request's newest draft one position after the input before it (pass 0: "
+                   "last_positions[b] + 1); its K/V goes to that position's slot, found through the request's row of "
+                   "block_table as the target's slot mapping is (phase 02): block_table[b, position // block_size] * "
+                   "block_size + position % block_size")
+DRAFT_PAD_HINT = ("a position >= max_model_len has no slot: that pass gets position 0 and slot PADDING_SLOT_ID (-1). "
+                  "The passes after it: mini's rule pads them too (their positions last + 1 + j are past the end as "
+                  "well); vLLM's kernel chains its own clamped output, so they restart at position 1, 2, ... with "
+                  "real slots. Either rule is accepted, for the whole table, not a mix of the two")
+DRAFT_CLAMP_HINT = ("never read past the block table's last column: a block number past it is clamped to "
                     "block_table.shape[1] - 1, as vLLM's kernel does")
+DRAFT_SHAPE_HINT = "one row per request, one column per further pass (num_steps), both int64"
 
 
 def _worked_slots_case() -> dict[str, Any]:
@@ -610,40 +697,105 @@ def _slots_call(function: Callable, case: dict[str, Any]) -> Any:
                     case["max_model_len"])
 
 
+def _chained_draft_slots(case: dict[str, Any]) -> tuple[list[list[int]], list[list[int]]]:
+    """vLLM's rule: each pass steps one past the previous pass's CLAMPED position (its kernel's own output,
+    fed back by `_update_positions_dependent_metadata`), so after a pass past max_model_len (position 0, no
+    slot) the next ones restart at 1, 2, ... with real slots. Written here from the kernel's description."""
+    block_size, max_model_len = case["block_size"], case["max_model_len"]
+    positions, slots = [], []
+    for last, row in zip(case["last_positions"], case["block_table"]):
+        position, row_positions, row_slots = last, [], []
+        for _ in range(case["num_steps"]):
+            position += 1
+            if position >= max_model_len:
+                position, slot = 0, PADDING_SLOT_ID
+            else:
+                slot = row[min(position // block_size, len(row) - 1)] * block_size + position % block_size
+            row_positions.append(position)
+            row_slots.append(slot)
+        positions.append(row_positions)
+        slots.append(row_slots)
+    return positions, slots
+
+
+def _first_wrong_entry(want: list[list[int]], have: Any) -> tuple[int, int] | None:
+    for b, row in enumerate(want):
+        for j, value in enumerate(row):
+            if have[b][j] != value:
+                return b, j
+    return None
+
+
+def _as_int_table(value: Any, shape: list[int]) -> list[list[int]] | None:
+    """`value` as a list of int rows of `shape`, or None when it is not a table of that shape."""
+    try:
+        table = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if list(table.shape) != shape or table.is_floating_point() or table.is_complex():
+        return None
+    return [[int(v) for v in row] for row in table.reshape(shape).tolist()]
+
+
+def _reach(want: list[list[list[int]]], tables: list[list[list[int]]]) -> tuple[int, int, int]:
+    """How far `tables` (positions, slots) follow `want`: the first wrong entry, row-major, positions first."""
+    for index, (want_table, have_table) in enumerate(zip(want, tables)):
+        wrong = _first_wrong_entry(want_table, have_table)
+        if wrong is not None:
+            return (wrong[0], wrong[1], -index)
+    return (10**9, 0, 0)
+
+
 @graded
 def check_compute_draft_slots(compute_draft_slots: Callable, seeds: Iterable[int] = range(40)) -> None:
     reference = _reference("compute_draft_slots")
     cases = [_worked_slots_case()] + [_random_slots_case(random.Random(seed)) for seed in seeds]
     for case in cases:
-        want_positions, want_slots = (_as_list(value) for value in _slots_call(reference, case))
+        rules = {"mini's rule": [_as_list(value) for value in _slots_call(reference, case)],
+                 "vLLM's chained rule": list(_chained_draft_slots(case))}
         inputs = dict(case)
+        want_positions, want_slots = rules["mini's rule"]
         with calling("compute_draft_slots", inputs, expected={"positions": want_positions, "slots": want_slots},
-                     hint=DRAFT_CLAMP_HINT):
+                     hint="an index out of bounds? " + DRAFT_CLAMP_HINT):
             got = _slots_call(compute_draft_slots, case)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             expect_equal("compute_draft_slots(...)", inputs, "a tuple (positions, slot_mapping) of int64 "
-                         "[B, num_steps] tensors", type(got).__name__, DRAFT_SLOT_HINT)
-        got_positions, got_slots = (_as_list(value) for value in got)
+                         "[B, num_steps] tensors", type(got).__name__, DRAFT_SHAPE_HINT)
         shape = [len(case["last_positions"]), case["num_steps"]]
-        for name, want, have in (("positions", want_positions, got_positions), ("slot_mapping", want_slots, got_slots)):
-            if want == have:
+        tables = []
+        for name, value in zip(("positions", "slot_mapping"), got):
+            table = _as_int_table(value, shape)
+            if table is None:
+                try:
+                    described = list(torch.as_tensor(value).shape), str(torch.as_tensor(value).dtype)
+                except (TypeError, ValueError, RuntimeError):
+                    described = type(value).__name__
+                expect_equal(f"compute_draft_slots(...) {name}: shape and dtype", inputs, (shape, "an integer dtype"),
+                             described, DRAFT_SHAPE_HINT)
+            tables.append(table)
+        if any(tables == want for want in rules.values()):
+            continue
+        # Neither rule: report against the one the answer follows further (the later first wrong entry; on a
+        # tie, mini's rule).
+        rule = max(rules, key=lambda name: _reach(rules[name], tables))
+        for name, want, have in zip(("positions", "slot_mapping"), rules[rule], tables):
+            wrong = _first_wrong_entry(want, have)
+            if wrong is None:
                 continue
-            try:
-                have_shape = list(torch.as_tensor(have).shape)
-            except (TypeError, ValueError, RuntimeError):
-                have_shape = type(have).__name__
-            expect_equal(f"compute_draft_slots(...) {name} shape", inputs, shape, have_shape,
-                         "one row per request, one column per further pass (num_steps)")
-            b, j = next((b, j) for b in range(shape[0]) for j in range(shape[1]) if want[b][j] != have[b][j])
-            position = case["last_positions"][b] + 1 + j
+            b, j = wrong
+            last = case["last_positions"][b]
+            before = last + j if rule == "mini's rule" or j == 0 else rules[rule][0][b][j - 1]
+            position = before + 1     # where this pass's draft goes before any clamping
             if position >= case["max_model_len"]:
                 hint = DRAFT_PAD_HINT
             elif position // case["block_size"] >= len(case["block_table"][b]):
                 hint = DRAFT_CLAMP_HINT
             else:
                 hint = DRAFT_SLOT_HINT
-            expect_equal(f"compute_draft_slots(...) {name}[{b}][{j}] (request {b}, pass {j}: the draft fed at "
-                         f"position {case['last_positions'][b]} + 1 + {j} = {position}), the first wrong entry",
+            feed = (f"the draft fed right after last_positions[{b}] = {last}" if j == 0 else
+                    f"the draft fed one position after pass {j - 1}'s, at {position}")
+            expect_equal(f"compute_draft_slots(...) {name}[{b}][{j}] (request {b}, pass {j}: {feed}; "
+                         f"max_model_len {case['max_model_len']}), the first wrong entry, compared with {rule}",
                          inputs, f"{name}[{b}] = {want[b]}", f"{name}[{b}] = {have[b]}", hint)
     passed("check_compute_draft_slots", len(cases))
 
@@ -686,7 +838,9 @@ def expect_same_drafting(label: str, expected: Any, got: Any) -> None:
 PHASE = Phase("12_spec_decode", (
     Exercise("propose_ngram", check_propose_ngram, points=2, grade_id="test-propose-ngram", part="propose_ngram"),
     Exercise("compute_residual_probs", check_compute_residual_probs, points=2, grade_id="test-residual-probs",
-             part="compute_residual_probs"),
+             part="compute_residual_probs",
+             design="the recovered token's distribution after a rejection, derived from the requirement that every "
+                    "emitted token follows p whatever q was (the notebook gives the acceptance rule, not the residual)"),
     Exercise("rejection_sample", check_rejection_sample, points=5, grade_id="test-rejection-sample",
              part="rejection_sample"),
     Exercise("prepare_eagle_inputs", check_prepare_eagle_inputs, points=5, grade_id="test-prepare-eagle-inputs",

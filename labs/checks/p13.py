@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from labs.checks.common import calling, expect_equal, passed
+from labs.checks.common import calling, expect_equal, expect_same, first_difference, passed
 from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.engine import EngineCoreOutput
@@ -52,7 +52,8 @@ from mini.sampling_params import RequestOutputKind, SamplingParams
 WORDS = ["the", " cat", " sat", ",", " on", " a", " mat", ".", "\n", " dog"]
 
 
-def _delta(rng: random.Random, indices: list[int], finished: bool, with_logprobs: bool) -> RequestOutput:
+def _delta(rng: random.Random, indices: list[int], finished: bool, with_logprobs: bool,
+           prompt_logprobs: Any = None) -> RequestOutput:
     outputs = []
     for index in indices:
         num_tokens = rng.randint(0, 3)
@@ -62,53 +63,121 @@ def _delta(rng: random.Random, indices: list[int], finished: bool, with_logprobs
         outputs.append(CompletionOutput(index, "".join(rng.choice(WORDS) for _ in token_ids), token_ids,
                                         -rng.random() if with_logprobs else None, logprobs, reason,
                                         "." if reason == "stop" else None))
-    return RequestOutput("req-0", "prompt", [1, 2, 3], None, outputs, finished)
+    return RequestOutput("req-0", "prompt", [1, 2, 3], prompt_logprobs, outputs, finished)
 
 
-def _summary(output: RequestOutput) -> dict[str, Any]:
-    return {"finished": output.finished, "request_id": output.request_id, "outputs": [
-        {"index": c.index, "text": c.text, "token_ids": list(c.token_ids), "finish_reason": c.finish_reason,
-         "stop_reason": c.stop_reason,
-         "logprobs": None if c.logprobs is None else [{t: lp.logprob for t, lp in d.items()} for d in c.logprobs]}
-        for c in output.outputs]}
+def _prompt_logprobs(rng: random.Random) -> list:
+    """Prompt logprobs of the prompt [1, 2, 3], as the first output of a DELTA request carries them (the first
+    prompt token has none)."""
+    return [None] + [{t: Logprob(-rng.random(), 1, None)} for t in (2, 3)]
+
+
+def _logprob_dicts(values: Any) -> Any:
+    if values is None:
+        return None
+    return [None if entry is None else {t: getattr(lp, "logprob", lp) for t, lp in entry.items()} for entry in values]
+
+
+def _summary(output: Any) -> Any:
+    """What a reader sees of a RequestOutput (plain values), or a note when it is not one (anything with a
+    RequestOutput's fields counts: vLLM's own merge returns its own type)."""
+    if not all(hasattr(output, name) for name in ("finished", "request_id", "prompt_logprobs", "outputs")):
+        return f"{type(output).__name__} (not a RequestOutput)"
+    try:
+        return {"finished": output.finished, "request_id": output.request_id,
+                "prompt_logprobs": _logprob_dicts(output.prompt_logprobs), "outputs": [
+                    {"index": c.index, "text": c.text, "token_ids": list(c.token_ids),
+                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                     "cumulative_logprob": c.cumulative_logprob, "logprobs": _logprob_dicts(c.logprobs)}
+                    for c in output.outputs]}
+    except (AttributeError, TypeError) as error:
+        return f"a RequestOutput whose outputs are not CompletionOutputs ({type(error).__name__}: {error})"
 
 
 # ---------------------------------------------------------------- merge_delta_outputs
 MERGE_HINT = ("per sample index: texts and token ids (and logprobs) appended, finish_reason, stop_reason and "
-              "cumulative_logprob from the new output; a sample only in one of them is kept (in any order)")
+              "cumulative_logprob from the new output; a sample only in one of them is kept (in any order); the "
+              "prompt logprobs kept from pending")
+MERGE_HINTS = {
+    "prompt_logprobs": ("a DELTA request's prompt logprobs come once, with its first output: the later deltas carry "
+                        "None. Keep pending's when it has them, else they are lost for the reader"),
+    "text": "the unread text comes first, the new text is appended to it (per sample index)",
+    "token_ids": "the unread token ids come first, the new ones are appended to them (per sample index)",
+    "logprobs": ("logprobs are appended like the token ids, one entry per token; when neither output has any "
+                 "(the request asked for none), they stay None, not []"),
+    "finish_reason": "finish_reason and stop_reason are the NEW output's: the request's state now, not before",
+    "stop_reason": "finish_reason and stop_reason are the NEW output's: the request's state now, not before",
+    "cumulative_logprob": ("cumulative_logprob is the new output's: it is already the sum over every token so far "
+                           "(adding the pending one counts the earlier tokens twice)"),
+    "finished": "finished is the new output's",
+    "index": "one sample per index of either output: a sample only in one of them is kept as it is",
+}
 
 
-def _by_index(summary: dict[str, Any]) -> dict[str, Any]:
+def _by_index(summary: Any) -> Any:
     """The summary with its outputs in index order: the order of `outputs` is not graded (vLLM appends)."""
+    if not isinstance(summary, dict):
+        return summary
     return {**summary, "outputs": sorted(summary["outputs"], key=lambda c: c["index"])}
+
+
+def _merge_hint(expected: Any, got: Any) -> str:
+    """The hint for the first field where the merged outputs differ."""
+    if isinstance(got, dict) and [c["index"] for c in got["outputs"]] != [c["index"] for c in expected["outputs"]]:
+        return MERGE_HINTS["index"]
+    path = (first_difference(expected, got) or "").split(":")[0]
+    key = next((name for name in MERGE_HINTS if f"['{name}']" in path), None)
+    return MERGE_HINTS[key] if key else MERGE_HINT
+
+
+def _merge_cases(seed: int) -> list[tuple[RequestOutput, RequestOutput]]:
+    """A chain of deltas a slow reader lets pile up: (pending, new) pairs, pending being the fold so far."""
+    rng = random.Random(seed)
+    n = rng.choice([1, 1, 2, 3])
+    with_logprobs = rng.random() < 0.4
+    first = _prompt_logprobs(rng) if rng.random() < 0.5 else None
+    pending = _delta(rng, sorted(rng.sample(range(n), rng.randint(1, n))), False, with_logprobs, first)
+    pairs = []
+    for _ in range(rng.randint(1, 4)):   # a slow reader: several deltas fold into the unread one
+        new = _delta(rng, sorted(rng.sample(range(n), rng.randint(1, n))), rng.random() < 0.3, with_logprobs)
+        if rng.random() < 0.3:           # a sample new to the collector arrives first in the list
+            new = dataclasses.replace(new, outputs=list(reversed(new.outputs)))
+        pairs.append((pending, new))
+        pending = reference_merge(pending, new)
+        if new.finished:                 # the request's last output: nothing follows it
+            break
+    return pairs
+
+
+def _worked_merge_cases() -> list[tuple[RequestOutput, RequestOutput]]:
+    """The notebook's worked example, then the same with the prompt logprobs of the first output."""
+    pending = RequestOutput("req-0", "prompt", [1, 2, 3], None, [CompletionOutput(0, " the", [5], None, None)], False)
+    new = RequestOutput("req-0", "prompt", [1, 2, 3], None, [CompletionOutput(0, " cat", [9], None, None, "length"),
+                                                            CompletionOutput(1, "A", [7], None, None)], False)
+    prompt_logprobs = [None, {2: Logprob(-1.25, 3, None)}, {3: Logprob(-0.5, 1, None)}]
+    return [(pending, new), (dataclasses.replace(pending, prompt_logprobs=prompt_logprobs), new)]
 
 
 @graded
 def check_merge_delta_outputs(candidate: Callable, seeds: Iterable[int] = range(30)) -> None:
-    num_cases = 0
+    cases = _worked_merge_cases()
     for seed in seeds:
-        rng = random.Random(seed)
-        n = rng.choice([1, 1, 2, 3])
-        with_logprobs = rng.random() < 0.4
-        pending = _delta(rng, sorted(rng.sample(range(n), rng.randint(1, n))), False, with_logprobs)
-        for _ in range(rng.randint(1, 4)):   # a slow reader: several deltas fold into the unread one
-            new = _delta(rng, sorted(rng.sample(range(n), rng.randint(1, n))), rng.random() < 0.3, with_logprobs)
-            if rng.random() < 0.3:           # a sample new to the collector arrives first in the list
-                new = dataclasses.replace(new, outputs=list(reversed(new.outputs)))
-            inputs = {"pending": _summary(pending), "new": _summary(new)}
-            expected = reference_merge(pending, new)
-            with calling("merge_delta_outputs", inputs):
-                got = candidate(pending, new)
-            expect_equal("merge_delta_outputs(pending, new)", inputs, _by_index(_summary(expected)),
-                         _by_index(_summary(got)), MERGE_HINT)
-            expect_equal("pending and new after the call", inputs, inputs, {"pending": _summary(pending),
-                         "new": _summary(new)}, "build a new output (dataclasses.replace): do not change pending's "
-                         "or new's texts, token lists or logprobs in place")
-            pending = expected
-            num_cases += 1
-            if new.finished:                 # the request's last output: nothing follows it
-                break
-    passed("check_merge_delta_outputs", num_cases)
+        cases += _merge_cases(seed)
+    for pending, new in cases:
+        inputs = {"pending": _summary(pending), "new": _summary(new)}
+        expected = _by_index(_summary(reference_merge(pending, new)))
+        with calling("merge_delta_outputs", inputs, expected=expected, hint=MERGE_HINT):
+            got = candidate(pending, new)
+        got_summary = _by_index(_summary(got))
+        if not isinstance(got_summary, dict):
+            expect_equal("merge_delta_outputs(pending, new)", inputs, "a RequestOutput", got_summary,
+                         "return the merged output: a new RequestOutput (dataclasses.replace(new, ...))")
+        expect_same("merge_delta_outputs(pending, new)", inputs, expected, got_summary,
+                    _merge_hint(expected, got_summary))
+        expect_equal("pending and new after the call", inputs, inputs, {"pending": _summary(pending),
+                     "new": _summary(new)}, "build a new output (dataclasses.replace): do not change pending's "
+                     "or new's texts, token lists or logprobs in place")
+    passed("check_merge_delta_outputs", len(cases))
 
 
 # ---------------------------------------------------------------- shared: asyncio, tokenizer, requests
@@ -676,10 +745,16 @@ def plug_serving(output_handler_step: Callable, generate_stream: Callable, max_t
     return got
 
 
+# Built once in the grading process before it forks a child per check (labs/checks/grading.py).
+WARM_UP = (_tokenizer, _word_tokens)
+
 PHASE = Phase("13_serving", (
     Exercise("merge_delta_outputs", check_merge_delta_outputs, points=2, grade_id="test-merge-delta-outputs"),
     Exercise("output_handler_step", check_output_handler_step, points=4, grade_id="test-output-handler-step"),
-    Exercise("generate_stream", check_generate_stream, points=4, grade_id="test-generate-stream"),
+    Exercise("generate_stream", check_generate_stream, points=4, grade_id="test-generate-stream",
+             design="the stream's exit when its consumer leaves (task cancelled or generator closed): where each "
+                    "surfaces, what to undo where, what to let through, so that exactly one abort reaches the core "
+                    "and nothing of the request is left"),
     Exercise("determine_num_gpu_blocks", check_determine_num_gpu_blocks, points=3,
              grade_id="test-determine-num-gpu-blocks"),
 ))
