@@ -260,6 +260,41 @@ def test_release_carries_the_answers_into_a_changed_phase_and_backs_up_the_old_n
     assert release(tmp_path, [assignment_id]) == []  # a second release changes nothing
 
 
+def test_an_older_releases_untouched_stub_is_replaced_not_carried(tmp_path, generated):
+    """An author rewrites an exercise's docstring: the learner's untouched stub of the old release is not their
+    work, so `release` writes the new stub instead of carrying the old one over (and needs no backup)."""
+    assignment_id = "02_slot_mapping"
+    learner = _course_copy(tmp_path, assignment_id, generated)
+    source_path = tmp_path / "solutions" / assignment_id / f"{assignment_id}.ipynb"
+    source = read_notebook(source_path)
+    answer = next(c for c in source.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "answer-positions")
+    first_line_of_docstring = answer.source.split('"""')[1].splitlines()[0]
+    answer.source = answer.source.replace(first_line_of_docstring, "A docstring the new release rewrote.", 1)
+    source_path.write_text(notebook_text(source), encoding="utf-8")
+
+    (message,) = release(tmp_path, [assignment_id])
+    assert "backups" not in message and "NOT carried" not in message, message
+    regenerated = {c.metadata["nbgrader"]["grade_id"]: c.source
+                   for c in read_notebook(learner).cells if c.metadata.get("nbgrader", {}).get("solution")}
+    assert "A docstring the new release rewrote." in regenerated["answer-positions"]
+    assert not (tmp_path / "backups").exists()
+
+
+@pytest.mark.parametrize(("source", "stub"), [
+    ('def f(x):\n    """Doc."""\n    # YOUR CODE HERE\n    raise NotImplementedError()', True),
+    (('class K:\n    def m(self):\n        raise NotImplementedError()\n    def n(self):\n        "d"\n'
+     '        raise NotImplementedError()'), True),
+    ('# YOUR CODE HERE\nraise NotImplementedError()\nclass Thing:\n    pass', True),
+    ('def f(x):\n    return x + 1', False),
+    ('def f(x):\n    y = 1\n    raise NotImplementedError()', False),
+    ('def f(x):\n    raise NotImplementedError()\nHELPER = 3', False),
+])
+def test_an_untouched_stub_is_told_from_an_answer(source, stub):
+    from labs.course.release import is_untouched_stub
+
+    assert is_untouched_stub(source) is stub
+
+
 def _open_in_jupyterlab(path: Path, answers: dict[str, str]) -> None:
     """What opening a notebook in JupyterLab and filling an answer does to the file: its kernelspec (the
     installed kernel's display name) and language_info rewritten, the answer cells' sources replaced."""

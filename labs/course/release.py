@@ -239,13 +239,53 @@ def same_release(present: nbformat.NotebookNode, released: nbformat.NotebookNode
     return kept == [_controlled_cell(cell) for cell in released.cells]
 
 
+def is_untouched_stub(source: str) -> bool:
+    """True for an answer cell as some release wrote it and nobody filled it: every function body is an optional
+    docstring and `raise NotImplementedError()` (nbgrader's stub), and nothing else runs. The stub of an older
+    release counts too (its docstring may differ from today's), so `release` replaces it instead of carrying it
+    over as if it were the learner's answer."""
+    import ast
+
+    if "NotImplementedError" not in source:
+        return False
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+
+    def is_docstring(node: ast.stmt) -> bool:
+        return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+    def is_stub_raise(node: ast.stmt) -> bool:
+        target = node.exc.func if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) else getattr(
+            node, "exc", None)
+        return isinstance(node, ast.Raise) and getattr(target, "id", None) == "NotImplementedError"
+
+    def untouched(body: list[ast.stmt], allow_defs: bool) -> bool:
+        statements = body[1:] if body and is_docstring(body[0]) else body
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and allow_defs:
+                if not untouched(node.body, allow_defs=False):
+                    return False
+            elif isinstance(node, ast.ClassDef) and allow_defs:
+                if not untouched(node.body, allow_defs=True):
+                    return False
+            elif not (is_stub_raise(node) or isinstance(node, ast.Pass)):
+                return False
+        return True
+
+    return untouched(tree.body, allow_defs=True)
+
+
 def _filled_answers(present: nbformat.NotebookNode, released: nbformat.NotebookNode) -> dict[str, str]:
-    """{answer grade id: the learner's source} for every answer cell of `present` that is not the stub."""
+    """{answer grade id: the learner's source} for every answer cell of `present` that is not a stub (today's,
+    or an older release's that nobody filled)."""
     stubs = {_answer_id(cell): _source(cell) for cell in released.cells if _is_answer_cell(cell)}
     return {
         _answer_id(cell): _source(cell)
         for cell in present.cells
         if _is_answer_cell(cell) and _source(cell) != stubs.get(_answer_id(cell))
+        and not is_untouched_stub(_source(cell))
     }
 
 
