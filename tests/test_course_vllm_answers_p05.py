@@ -11,7 +11,12 @@ copied into the repo) and runs them inside a thin wrapper:
 * `num_tokens_to_schedule`: the running loop's statements from `num_new_tokens = (...)` down to the length
   cap `max_model_len - num_computed_tokens - num_sampled_tokens_per_step`;
 * the per-step `long_prefill_token_threshold` (0 for a lone request), compared with mini's
-  `Scheduler.long_prefill_token_threshold_for_step`, which the `schedule` solution uses.
+  `Scheduler.long_prefill_token_threshold_for_step`, which the `schedule` solution uses;
+* speculative decoding: the assignment of what a running request wants (`request.num_tokens_with_spec + ...`) and
+  the `if request.spec_token_ids:` block that picks the drafts a step verifies, run inside mini's `schedule` in
+  place of its own two helpers: `check_schedule` passes, speculative workloads included. (vLLM's lookahead slots
+  are not lifted: vLLM passes `num_lookahead_tokens` to every allocation, mini only to one that reaches the
+  request's last known token; the notebook states mini's rule.)
 """
 
 from __future__ import annotations
@@ -123,3 +128,36 @@ def test_vllm_threshold_for_step_is_minis(num_requests, running):
         scheduler.schedule()
     assert vllm_threshold_for_step()(scheduler) == scheduler.long_prefill_token_threshold_for_step()
     assert scheduler.long_prefill_token_threshold_for_step() == (8 if num_requests > 1 else 0)
+
+
+def vllm_speculative_statements() -> tuple[types.FunctionType, types.FunctionType]:
+    """vLLM's two speculative-decoding statements of the running loop, as functions of one request:
+
+    * what a running request wants: the `num_new_tokens = (request.num_tokens_with_spec + ...)` assignment;
+    * which drafts the step verifies: the `if request.spec_token_ids:` block after a request is scheduled (it
+      trims them to the scheduled tokens past the known ones and clears the request's list).
+    """
+    source, schedule = _schedule_source()
+    body = _running_loop(schedule).body
+    wanted = next(n for n in body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "num_new_tokens"
+                  and "num_tokens_with_spec" in ast.unparse(n.value))
+    drafts = next(n for n in body if isinstance(n, ast.If) and ast.unparse(n.test) == "request.spec_token_ids")
+    num_wanted = _as_function("def num_wanted(request):", [], _segment(source, wanted, wanted), "num_new_tokens", {})
+    take_drafts = _as_function(
+        "def take_drafts(request, num_new_tokens):", ["scheduled_spec_decode_tokens = {}"],
+        _segment(source, drafts, drafts), "scheduled_spec_decode_tokens.get(request.request_id, [])", {})
+    return num_wanted, take_drafts
+
+
+def test_vllm_speculative_budgeting_passes_the_schedule_check():
+    """mini's `schedule` with vLLM's own statements for what a running request wants (drafts included) and for the
+    drafts a step verifies passes check_schedule on its speculative workloads (n-gram and a drafter with KV)."""
+    num_wanted, take_drafts = vllm_speculative_statements()
+
+    def schedule_with_vllm_drafts(self):
+        self._num_running_tokens_wanted = num_wanted
+        self._take_drafts_to_verify = take_drafts
+        return Scheduler.schedule(self)
+
+    p05.check_schedule(schedule_with_vllm_drafts)
+    p05.check_schedule(schedule_with_vllm_drafts, seeds=range(100, 160))

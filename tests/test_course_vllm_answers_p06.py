@@ -2,10 +2,11 @@
 
 Read from `$MINI_VLLM_SOURCE` (skipped without it); adapted only in their call shape:
 * `check_stop_strings` (vllm/v1/engine/detokenizer.py): as is.
-* `check_stop` (vllm/v1/core/sched/utils.py): vLLM's Request differs from mini's in three attribute
-  names, so a thin view gives it `sampling_params.eos_token_id` (None under ignore_eos, as vLLM's
-  SamplingParams does), no pooling params or repetition detection, and an int `max_tokens` (vLLM's
-  input processor always sets one; mini's None means "up to max_model_len").
+* `check_stop` (vllm/v1/core/sched/utils.py): the check's requests carry `sampling_params.eos_token_id` as the
+  engine's input processor sets it (None under ignore_eos, as vLLM's SamplingParams), which vLLM compares with;
+  a thin view adds what mini's request and params lack: no pooling params, no repetition detection (vLLM's
+  fourth rule, behind the `min_tokens` gate), and an int `max_tokens` (vLLM's input processor always sets one;
+  mini's None means "up to max_model_len").
 * `detokenize_incrementally` (vllm/tokenizers/detokenizer_utils.py): vLLM appends the new token's string
   itself from `all_input_ids[-1]`; mini's signature receives it already appended to `tokens`.
 * `step` has no single vLLM counterpart (vLLM splits it between `EngineCore.step` and `LLMEngine.step`).
@@ -55,8 +56,8 @@ class VllmRequestView:
         object.__setattr__(self, "_request", request)
         object.__setattr__(self, "pooling_params", None)
         object.__setattr__(self, "sampling_params", types.SimpleNamespace(
-            eos_token_id=None if params.ignore_eos else request.eos_token_id,
-            stop_token_ids=params.stop_token_ids, min_tokens=params.min_tokens, repetition_detection=None))
+            eos_token_id=params.eos_token_id, stop_token_ids=params.stop_token_ids, min_tokens=params.min_tokens,
+            repetition_detection=None))
         object.__setattr__(self, "max_tokens", request.max_tokens if request.max_tokens is not None else sys.maxsize)
 
     def __getattr__(self, name):

@@ -5,7 +5,15 @@ The rules graded are vLLM v0.33.0's (vllm/v1/core/sched/scheduler.py::Scheduler.
 keeps a position for the sampled token, the priority victim is the first worst request of `running`, a lone
 request gets no `long_prefill_token_threshold` cap, and a request that preempts itself under the priority
 policy lets the running pass go on. Undoing a victim scheduled earlier in the same step must also take the
-blocks it got out of the prefix cache (mini's own rule: vLLM frees them with their hashes).
+blocks it got out of the prefix cache (mini's own rule: vLLM frees them with their hashes). With speculative
+decoding, `schedule` budgets a running request's drafts as vLLM does (they count in what it wants, the ones the step
+computes go out in `scheduled_spec_decode_tokens`, the rest are dropped) and reserves lookahead slots for a drafter
+with its own KV cache (mini's rule: only in an allocation that reaches the request's last known token).
+
+Not among them: `num_tokens_to_schedule` without its final clamp at 0. The count only goes negative when
+`num_computed_tokens >= max_model_len` (or past `num_tokens`), which neither engine ever reaches (a request stops at
+`max_model_len`); vLLM's own statements (tests/test_course_vllm_answers_p05.py) have no clamp either, so a check
+that failed the clamp-less answer would fail vLLM's code.
 """
 
 from __future__ import annotations
@@ -17,6 +25,21 @@ LENGTH_CAP = "max_model_len - num_computed_tokens - 1"
 THRESHOLD_RULE = "threshold = self.long_prefill_token_threshold if num_running + num_waiting > 1 else 0"
 PRIORITY_MAX = "max(running, key=lambda request: (request.priority, request.arrival_time))"
 FIRST_PART = "(the first where your run and the reference part)"
+
+SPEC_WANTED = "request.num_tokens_with_spec, request.num_computed_tokens"
+LOOKAHEAD_GUARD = "        if num_tokens_after_step < request.num_tokens:\n            return 0\n"
+LOOKAHEAD_CAP = "return max(0, min(self.num_lookahead_tokens, self.max_request_len - num_tokens_after_step))"
+
+
+def schedule_without_speculation() -> str:
+    """The phase's `schedule` as it was before it handled drafts: what a learner writes who ignores them."""
+    from course_fidelity import solutions
+
+    source = solutions("05_scheduler").cell_defining("schedule").source
+    source = source.replace(SPEC_WANTED, "request.num_tokens, request.num_computed_tokens")
+    source = source.replace("    output.scheduled_spec_decode_tokens = scheduled_spec_decode_tokens\n", "")
+    return source.replace(LOOKAHEAD_GUARD + "        return max(0, min(", "        return 0 * max(0, min(")
+
 
 WRONG = [
     # ---- num_tokens_to_schedule
@@ -32,6 +55,11 @@ WRONG = [
           edit=(LENGTH_CAP, "max_model_len - num_tokens - 1"), expect="max_model_len"),
     Wrong("num_tokens_to_schedule", "budget ignored",
           edit=("num_new_tokens = min(num_new_tokens, token_budget)", "pass"), expect="token_budget"),
+    Wrong("num_tokens_to_schedule", "max_model_len ignored",
+          edit=(LENGTH_CAP, "num_new_tokens"), expect="needs a position below max_model_len"),
+    Wrong("num_tokens_to_schedule", "the sampled token's position kept only for a decode",
+          edit=(LENGTH_CAP, "max_model_len - num_computed_tokens - (num_tokens - num_computed_tokens == 1)"),
+          expect="the token this step samples also needs a position below max_model_len"),
     # ---- select_preemption_victim
     Wrong("select_preemption_victim", "tie broken toward the later request",
           edit=(PRIORITY_MAX, "max(reversed(running), key=lambda r: (r.priority, r.arrival_time))"),
@@ -45,6 +73,14 @@ WRONG = [
           edit=("return running[-1]", "return running[0]"), expect="END of running"),
     Wrong("select_preemption_victim", "FCFS victim popped off running",
           edit=("return running[-1]", "return running.pop()"), expect="the running list after the call"),
+    Wrong("select_preemption_victim", "FCFS victim is the latest arrival, not the request admitted last",
+          edit=("return running[-1]", "return max(running, key=lambda request: request.arrival_time)"),
+          expect="the request at the END of running (admitted last)"),
+    Wrong("select_preemption_victim", "policy compared with a string (PRIORITY never recognised)",
+          edit=("if policy is SchedulingPolicy.PRIORITY:", 'if policy == "priority":'),
+          expect="PRIORITY: the largest (priority, arrival_time)"),
+    Wrong("select_preemption_victim", "returns the victim's index",
+          edit=("return running[-1]", "return len(running) - 1"), expect="Return the Request itself"),
     # ---- schedule: each wrong answer fails at the first step where the runs part, with the RULE that step
     # exercises (labs/checks/p05.py::rule_hint), not a generic recipe
     Wrong("schedule", "undoes a scheduled victim without uncache_uncomputed_blocks",
@@ -102,6 +138,42 @@ WRONG = [
     Wrong("schedule", "max_num_seqs ignored when admitting",
           edit=("           and len(self.running) < self.max_num_running_reqs):", "           ):"),
           expect="len(self.running) < max_num_seqs"),
+    Wrong("schedule", "finished_req_ids never reset",
+          edit=("    self.finished_req_ids = set()\n", ""), expect="start a new, empty set in self.finished_req_ids"),
+    Wrong("schedule", "an admitted request's status not set to RUNNING",
+          edit=("        request.status = RequestStatus.RUNNING\n", ""), expect="is RUNNING from this step on"),
+    Wrong("schedule", "num_cached_tokens overwritten when a preempted request comes back",
+          edit=("        if request.num_cached_tokens < 0:\n            request.num_cached_tokens = num_hit_tokens\n",
+                "        request.num_cached_tokens = num_hit_tokens\n"),
+          expect="set once, while it is still -1"),
+    # ---- schedule with speculative decoding (issue 38, item 7)
+    Wrong("schedule", "ignores the drafts (speculation silently off)", source=schedule_without_speculation(),
+          expect="RULE: speculative decoding: a running request also wants its drafts computed"),
+    Wrong("schedule", "counts the drafts but never tells the runner which tokens are drafts",
+          edit=("    output.scheduled_spec_decode_tokens = scheduled_spec_decode_tokens\n", ""),
+          expect="SchedulerOutput.scheduled_spec_decode_tokens names, per running request, the drafts"),
+    Wrong("schedule", "the drafts the budget cut off are still sent for verification",
+          edit=("request.spec_token_ids[:num_drafts]", "list(request.spec_token_ids)"),
+          expect="only the first ones that fit when the budget or the length cap cut it short"),
+    Wrong("schedule", "drafts ignored in what a request wants, listed anyway",
+          edit=(SPEC_WANTED, "request.num_tokens, request.num_computed_tokens"),
+          expect="RULE: speculative decoding: a running request also wants its drafts computed"),
+    Wrong("schedule", "no lookahead slots for a drafter with its own KV cache",
+          edit=(LOOKAHEAD_GUARD, "        return 0\n"),
+          expect="Your step took FEWER new blocks than the reference's for the same tokens"),
+    Wrong("schedule", "lookahead slots in every allocation, prefill chunks included (vLLM's way)",
+          edit=(LOOKAHEAD_GUARD, ""),
+          expect="Your step took MORE new blocks than the reference's for the same tokens"),
+    Wrong("schedule", "lookahead slots past max_request_len",
+          edit=(LOOKAHEAD_CAP, "return self.num_lookahead_tokens"),
+          expect="never past self.max_request_len tokens in all"),
+    Wrong("schedule", "lookahead slots in the running pass only",
+          edit=("        num_slots = num_new_tokens + lookahead(request, num_hit_tokens + num_new_tokens)\n",
+                "        num_slots = num_new_tokens\n"),
+          expect="Your step took FEWER new blocks than the reference's for the same tokens"),
+    Wrong("schedule", "an undone victim keeps its drafts in the step",
+          edit=("                scheduled_spec_decode_tokens.pop(victim.request_id, None)\n", ""),
+          expect="RULE: a victim undone in the step that scheduled it leaves the step with everything"),
     Wrong("schedule", "the decisions per step are shown up to the first difference",
           edit=("while (not preempted and self.waiting", "while (self.waiting"),
           expect="<- first difference"),

@@ -1,4 +1,9 @@
-"""Plausible wrong answers to phase 06 (the engine loop and I/O): each must fail its check, saying where."""
+"""Plausible wrong answers to phase 06 (the engine loop and I/O): each must fail its check, saying where.
+
+`check_stop` follows vLLM v0.33.0 (vllm/v1/core/sched/utils.py): EOS is `sampling_params.eos_token_id` (None under
+ignore_eos), then stop token ids, then the length limits; `min_tokens` gates none of them (it gates only vLLM's
+repetition detection, which mini does not have).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,19 @@ WRONG = [
                   return "", prefix_offset, read_offset
               return new_text, read_offset, len(tokens)
           ''', expect="leading space"),
+    Wrong("detokenize_incrementally", "re-decodes the whole output at every call (right text, quadratic work)",
+          edit=(("tokenizer.convert_tokens_to_string(tokens[prefix_offset:read_offset])\n"
+                 "    new_text = tokenizer.convert_tokens_to_string(tokens[prefix_offset:])"),
+                ("tokenizer.convert_tokens_to_string(tokens[:read_offset])\n"
+                 "    new_text = tokenizer.convert_tokens_to_string(tokens)")),
+          expect="the most tokens one decode call was given"),
+    Wrong("detokenize_incrementally", "moves the read offset by one token, not past every unread token",
+          edit=("return new_text[len(prefix_text):], read_offset, len(tokens)",
+                "return new_text[len(prefix_text):], read_offset, read_offset + 1"),
+          expect="(text, read_offset, len(tokens))"),
+    Wrong("detokenize_incrementally", "advances the offsets while the text waits for a whole character",
+          edit=('        return "", prefix_offset, read_offset', '        return "", read_offset, len(tokens)'),
+          expect="return '' and the SAME offsets"),
     # check_stop_strings: any rule other than vLLM's (earliest end, then list order)
     Wrong("check_stop_strings", "smallest start wins",
           edit=("index + len(stop_str) < best[0]):\n            best = (index + len(stop_str), index, stop_str)",
@@ -114,18 +132,39 @@ WRONG = [
     Wrong("check_stop", "ignore_eos also ignores the stop token ids",
           edit=("    if last_token_id in (params.stop_token_ids or ()):",
                 "    if not params.ignore_eos and last_token_id in (params.stop_token_ids or ()):"),
-          expect="check_stop"),
+          expect="a stop_token_ids token (even under ignore_eos)"),
+    Wrong("check_stop", "EOS compared with the tokenizer's id, ignore_eos forgotten",
+          edit=("    if last_token_id == params.eos_token_id:", "    if last_token_id == request.eos_token_id:"),
+          expect="None under ignore_eos"),
+    Wrong("check_stop", "stop_reason set for EOS too",
+          edit=("        request.status = RequestStatus.FINISHED_STOPPED\n        return True\n    if last_token_id in",
+                ("        request.status = RequestStatus.FINISHED_STOPPED\n        request.stop_reason = last_token_id\n"
+                 "        return True\n    if last_token_id in")),
+          expect="check_stop: request.stop_reason afterwards"),
+    Wrong("check_stop", "max_model_len reached one token late",
+          edit=("if request.num_tokens >= max_model_len or (", "if request.num_tokens > max_model_len or ("),
+          expect="only then num_tokens >= max_model_len"),
+    Wrong("check_stop", "max_tokens=None read as no output allowed",
+          edit=("request.max_tokens is not None and request.num_output_tokens >= request.max_tokens",
+                "request.num_output_tokens >= (request.max_tokens or 0)"),
+          expect="(None: no limit)"),
     # step
     Wrong("step", "never finishes requests stopped by a stop string in the scheduler",
           edit=("        self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)\n",
                 "        pass\n"),
-          expect="finish_requests"),
+          expect="must be finished in the scheduler in the same iteration (finish_requests"),
     Wrong("step", "drops the outputs left pending by abort_request",
           edit=("    return outputs + request_outputs", "    return request_outputs"),
-          expect="step"),
+          expect="abort_request leaves the aborted request's final output in self._pending_outputs"),
     Wrong("step", "pending outputs after the new ones",
           edit=("    return outputs + request_outputs", "    return request_outputs + outputs"),
-          expect="step"),
+          expect="the outputs left pending by abort_request come first"),
+    Wrong("step", "runs a forward pass with nothing scheduled",
+          edit=("    if not self.scheduler.has_unfinished_requests():\n        return outputs\n", ""),
+          expect="runs no forward pass"),
+    Wrong("step", "pending outputs returned but never cleared",
+          edit=("    outputs, self._pending_outputs = self._pending_outputs, []", "    outputs = list(self._pending_outputs)"),
+          expect="returned by one iteration, then gone"),
     # ParentRequest: the n > 1 fan-out and gather
     Wrong("ParentRequest", "child id spelled parent_index",
           edit=('child_id = f"{index}_{self.request_id}"', 'child_id = f"{self.request_id}_{index}"'),
@@ -186,6 +225,14 @@ WRONG = [
                       return [], finished
                   return [output for output in self.latest_outputs if output is not None], finished
           ''', expect="CUMULATIVE: like DELTA"),
+    Wrong("ParentRequest", "FINAL_ONLY shows the samples in the order their children finished",
+          edit=("        self.output_aggregator[completion_output.index] = completion_output\n",
+                ("        self.output_aggregator = [o for o in self.output_aggregator if o is not None and "
+                 "o.index != completion_output.index] + [completion_output]\n")),
+          expect="then all n outputs in index order"),
+    Wrong("ParentRequest", "n counts the children not finished yet",
+          edit=("        return self.sampling_params.n\n", "        return len(self.child_requests)\n"),
+          expect="ParentRequest.n right after ParentRequest(request)"),
     # beam_search_step
     Wrong("beam_search_step", "sorts ascending and reverses (ties come out reversed)",
           edit=("instance.beams = sorted(candidates, key=score, reverse=True)[:beam_width]",
@@ -225,6 +272,26 @@ WRONG = [
               key = lambda b: b.cum_logprob / max(len(b.logprobs), 1) ** length_penalty
               instance.beams = sorted(candidates, key=key, reverse=True)[:beam_width]
           ''', expect="beam_search_step: instance."),
+    Wrong("beam_search_step", "instance.completed re-sorted by score",
+          edit=("    instance.beams = sorted(candidates, key=score, reverse=True)[:beam_width]",
+                ("    instance.beams = sorted(candidates, key=score, reverse=True)[:beam_width]\n"
+                 "    instance.completed.sort(key=score, reverse=True)")),
+          expect="appended to instance.completed (after the ones already there, in candidate order)"),
+    Wrong("beam_search_step", "keeps the best beam_width candidates first, then moves the EOS ones out",
+          source='''
+          def beam_search_step(instance, beam_logprobs, beam_width, length_penalty, eos_token_id):
+              def score(beam):
+                  return beam.cum_logprob / (max(len(beam.logprobs), 1) ** length_penalty)
+              candidates = []
+              for beam, logprobs in zip(instance.beams, beam_logprobs):
+                  for token_id, logprob in (logprobs or {}).items():
+                      candidates.append(BeamSearchSequence(
+                          orig_prompt=beam.orig_prompt, tokens=beam.tokens + [token_id],
+                          logprobs=beam.logprobs + [logprobs], cum_logprob=beam.cum_logprob + logprob.logprob))
+              best = sorted(candidates, key=score, reverse=True)[:beam_width]
+              instance.completed += [c for c in best if c.tokens[-1] == eos_token_id]
+              instance.beams = [c for c in best if c.tokens[-1] != eos_token_id]
+          ''', expect="one that ends in eos_token_id is appended to instance.completed"),
 ]
 
 

@@ -14,6 +14,11 @@ step exercises (`rule_hint`: admission after a preemption, the victim, self-pree
 lone-request threshold, prefix hits, resumed requests, seats, chunking). `expect_same_timeline` does the same
 for the notebook's "Plug it in" cell on the real engine.
 
+Speculative decoding is among the workloads (fixed and random, n-gram drafts and a fake drafter with its own KV
+cache): the fake model then verifies the scheduled drafts greedily and proposes the next ones, and the runs compare
+`scheduled_spec_decode_tokens`, the lookahead blocks and the drafts left for the next step. A candidate that raises
+is first compared on the steps it completed, so the first wrong step is reported rather than a later crash.
+
 The worked example of the phase: block_size 4, 12 KV blocks (11 usable: 44 token slots), a budget of
 16 tokens per step, max_num_seqs 3, long_prefill_token_threshold 8, and six requests.
 
@@ -42,9 +47,11 @@ from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request
 from mini.core.sched import scheduler as reference
+from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.request_queue import SchedulingPolicy
 from mini.runner_outputs import ModelRunnerOutput
 from mini.sampling_params import SamplingParams
+from mini.spec_decode.ngram_proposer import propose_ngram
 
 VOCAB_SIZE = 50
 
@@ -201,15 +208,59 @@ def make_scheduler(config: dict[str, Any]) -> reference.Scheduler:
     return reference.Scheduler(engine_config, manager)
 
 
+def fake_drafts(context: list[int], k: int) -> list[int]:
+    """A fake drafter with its own KV cache (the "draft_model" method): k guesses, each one what the fake model
+    says next about three times in four (a hash decides), so drafts are accepted, partly accepted or rejected."""
+    drafts: list[int] = []
+    context = list(context)
+    for _ in range(k):
+        right = next_token(context)
+        coin = hashlib.blake2b(repr(("draft", context)).encode(), digest_size=2).digest()[0] % 4
+        token = right if coin else (right + 1) % VOCAB_SIZE
+        drafts.append(token)
+        context.append(token)
+    return drafts
+
+
+def propose_drafts(scheduler: reference.Scheduler, token_ids: list[int]) -> list[int]:
+    """The drafts proposed after a step, for the request whose tokens are now `token_ids`: prompt lookup
+    (n-gram, mini.spec_decode.ngram_proposer) or the fake drafter with a KV cache."""
+    spec = scheduler.config.speculative_config
+    if spec.method == "ngram":
+        return propose_ngram(token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens,
+                             scheduler.max_request_len)
+    return fake_drafts(token_ids, spec.num_speculative_tokens)
+
+
 def fake_model_output(scheduler: reference.Scheduler, output: Any) -> ModelRunnerOutput:
-    """One token per request whose prompt (and outputs) are now all computed; [] for a partial prefill."""
+    """What a model runner would return for `output`, with the fake model (the next token is a hash of the context).
+
+    A request whose known tokens are now all computed samples; one still in the middle of its prompt samples
+    nothing ([]). With speculative decoding the step verifies the request's scheduled drafts greedily (each
+    accepted while it is what the fake model says; the first that is not is replaced by the model's token, and
+    all accepted earn a bonus token), and drafts for the next step are proposed after every sampling step.
+    """
     req_ids = list(output.num_scheduled_tokens)
-    sampled = []
+    speculative = scheduler.config.speculative_config is not None
+    sampled, proposals = [], []
     for req_id in req_ids:
-        request = scheduler.requests[req_id]
-        done = request.num_computed_tokens >= request.num_tokens
-        sampled.append([next_token(request.all_token_ids)] if done else [])
-    return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
+        request = scheduler.requests.get(req_id)
+        if request is None or request.num_computed_tokens < request.num_tokens:
+            sampled.append([])
+            proposals.append([])
+            continue
+        context = list(request.all_token_ids)
+        emitted = []
+        for draft in [*(output.scheduled_spec_decode_tokens or {}).get(req_id, []), None]:
+            target = next_token(context)
+            emitted.append(target)
+            context.append(target)
+            if draft != target:
+                break
+        sampled.append(emitted)
+        proposals.append(propose_drafts(scheduler, context) if speculative else [])
+    return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled,
+                             spec_token_ids=proposals if speculative else None)
 
 
 def summarize_output(output: Any) -> dict[str, Any]:
@@ -226,6 +277,8 @@ def summarize_output(output: Any) -> dict[str, Any]:
         "finished_req_ids": sorted(output.finished_req_ids),
         "partial_prefill_req_ids": sorted(output.partial_prefill_req_ids),
         "total_num_scheduled_tokens": output.total_num_scheduled_tokens,
+        "scheduled_spec_decode_tokens": sorted((req_id, list(drafts)) for req_id, drafts in
+                                               (output.scheduled_spec_decode_tokens or {}).items()),
     }
 
 
@@ -430,15 +483,100 @@ def random_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return config, specs
 
 
+def random_spec_workload(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A random workload with speculative decoding: prompt lookup (n-gram, from the request's own tokens: the
+    prompts repeat a few tokens so it finds matches) or a drafter with its own KV cache (the fake drafter:
+    k lookahead slots per allocation that reaches the known tokens' end)."""
+    rng = random.Random(10_000 + seed)
+    block_size = rng.choice([1, 2, 4])
+    method = rng.choice(["ngram", "draft_model"])
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": rng.randint(1, 4)}
+    if method == "ngram":
+        spec.update(prompt_lookup_min=1, prompt_lookup_max=rng.randint(1, 3))
+    config = {
+        "block_size": block_size,
+        "num_gpu_blocks": rng.randint(-(-28 // block_size) + 1, -(-64 // block_size) + 1),
+        "max_num_batched_tokens": rng.choice([4, 6, 8, 16]),
+        "max_num_seqs": rng.randint(1, 4),
+        "long_prefill_token_threshold": rng.choice([0, 0, rng.randint(1, 8)]),
+        "enable_chunked_prefill": rng.random() < 0.85,
+        "scheduling_policy": rng.choice(["fcfs", "priority"]),
+        "enable_prefix_caching": rng.random() < 0.3,
+        "max_model_len": rng.choice([16, 24, 64]),
+        "speculative_config": spec,
+    }
+    if not config["enable_chunked_prefill"]:
+        config["max_model_len"] = min(config["max_model_len"], config["max_num_batched_tokens"])
+    alphabet = [rng.randrange(1, VOCAB_SIZE) for _ in range(rng.randint(2, 6))]
+    specs = []
+    for i in range(rng.randint(1, 5)):
+        length = min(rng.randint(1, 16), config["max_model_len"] - 1)
+        specs.append({"id": f"r{i}", "prompt": [rng.choice(alphabet) for _ in range(length)],
+                      "max_tokens": rng.randint(1, 12), "arrive": rng.randint(0, 4),
+                      "arrival_time": float(rng.randint(0, 3)), "priority": rng.randint(0, 2)})
+    return config, specs
+
+
+def spec_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Speculative decoding with a drafter that has its own KV cache (k = 3 drafts, 3 lookahead slots), FCFS.
+
+    Budget 6: two decoding requests each want their last token and 3 drafts (4), so the second one verifies only
+    the drafts that fit; near max_model_len (16) the length cap trims the drafts and the lookahead slots too."""
+    config = {"block_size": 4, "num_gpu_blocks": 12, "max_num_batched_tokens": 6, "max_num_seqs": 2,
+              "long_prefill_token_threshold": 0, "enable_chunked_prefill": True, "scheduling_policy": "fcfs",
+              "enable_prefix_caching": False, "max_model_len": 16,
+              "speculative_config": {"method": "draft_model", "num_speculative_tokens": 3}}
+    specs = [
+        {"id": "r0", "prompt": [11, 12, 13, 14, 15, 16], "max_tokens": 12, "arrive": 0, "arrival_time": 0.0,
+         "priority": 0},
+        {"id": "r1", "prompt": [21, 22, 23, 24], "max_tokens": 6, "arrive": 0, "arrival_time": 1.0, "priority": 0},
+    ]
+    return config, specs
+
+
+def spec_undo_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Priority policy with drafts (k = 2, a drafter with a KV cache): at step 2 low-priority r0 is scheduled its
+    last token and 2 drafts, then important r1 finds no block; r0, the victim, is undone with its drafts."""
+    config = {"block_size": 4, "num_gpu_blocks": 7, "max_num_batched_tokens": 8, "max_num_seqs": 2,
+              "long_prefill_token_threshold": 0, "enable_chunked_prefill": True, "scheduling_policy": "priority",
+              "enable_prefix_caching": False, "max_model_len": 16,
+              "speculative_config": {"method": "draft_model", "num_speculative_tokens": 2}}
+    specs = [
+        {"id": "r0", "prompt": [11, 12, 13, 14, 15, 16], "max_tokens": 8, "arrive": 0, "arrival_time": 0.0,
+         "priority": 1},
+        {"id": "r1", "prompt": [31, 32, 33, 34], "max_tokens": 6, "arrive": 1, "arrival_time": 1.0, "priority": 0},
+    ]
+    return config, specs
+
+
+def ngram_workload() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Speculative decoding by prompt lookup (n-gram, k = 3, no KV cache of its own: no lookahead slots): drafts
+    come and go with what the request's own tokens repeat."""
+    config = {"block_size": 4, "num_gpu_blocks": 16, "max_num_batched_tokens": 8, "max_num_seqs": 3,
+              "long_prefill_token_threshold": 0, "enable_chunked_prefill": True, "scheduling_policy": "fcfs",
+              "enable_prefix_caching": False, "max_model_len": 40,
+              "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                     "prompt_lookup_max": 3}}
+    specs = [
+        {"id": "r0", "prompt": list(range(1, 13)), "max_tokens": 8, "arrive": 0, "arrival_time": 0.0, "priority": 0},
+        {"id": "r1", "prompt": list(range(20, 30)), "max_tokens": 6, "arrive": 0, "arrival_time": 1.0, "priority": 0},
+        {"id": "r2", "prompt": list(range(30, 36)), "max_tokens": 5, "arrive": 2, "arrival_time": 2.0, "priority": 0},
+    ]
+    return config, specs
+
+
 def run_schedule(
-    schedule_fn: Callable | None, config: dict[str, Any], specs: list[dict[str, Any]], max_steps: int = 80
+    schedule_fn: Callable | None, config: dict[str, Any], specs: list[dict[str, Any]], max_steps: int = 80,
+    log: list | None = None,
 ) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
     """Step a scheduler with `schedule_fn` as its schedule() (None: the reference) -> per step
     (output summary, state after update_from_output, context at the step's start). The first two are
-    compared; the context (queues and token counts before the step) only helps name the rule that broke."""
+    compared; the context (queues and token counts before the step) only helps name the rule that broke.
+    Steps are appended to `log` (when given) as they run, so a run that raises keeps the steps before."""
     scheduler = make_scheduler(config)
     schedule = scheduler.schedule if schedule_fn is None else types.MethodType(schedule_fn, scheduler)
-    log = []
+    speculative = config.get("speculative_config") is not None
+    log = [] if log is None else log
     for step in range(max_steps):
         _add_requests(scheduler, specs, step)
         if not scheduler.has_unfinished_requests() and all(spec["arrive"] <= step for spec in specs):
@@ -447,20 +585,28 @@ def run_schedule(
             "running": [r.request_id for r in scheduler.running],
             "waiting": [r.request_id for r in scheduler.waiting],
             "resumed": [r.request_id for r in scheduler.waiting if r.num_output_tokens > 0],
+            "drafts": {r.request_id: list(r.spec_token_ids) for r in scheduler.running if r.spec_token_ids},
         }
         output = schedule()
+        if not isinstance(output, SchedulerOutput):
+            raise TypeError(f"schedule() must return the step's SchedulerOutput (built by self._make_output), got "
+                            f"{type(output).__name__}")
         summary = summarize_output(output)
         core_outputs = scheduler.update_from_output(output, fake_model_output(scheduler, output))
         state = summarize_state(scheduler)
         state["outputs (request_id, new_token_ids, finish_reason, num_cached_tokens)"] = [
             (o.request_id, list(o.new_token_ids), o.finish_reason, o.num_cached_tokens) for o in core_outputs
         ]
+        if speculative:
+            state["drafts proposed for the next step (request_id -> spec_token_ids)"] = {
+                r.request_id: list(r.spec_token_ids) for r in scheduler.running}
         log.append((summary, state, context))
     return log
 
 
 @graded
 def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None:
+    seeds = list(seeds)
     cases = [
         worked_workload(),
         lone_then_priority_workload(24),
@@ -469,7 +615,11 @@ def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None
         priority_workload(),
         priority_workload(enable_prefix_caching=True),
         unchunked_workload(),
+        ngram_workload(),
+        spec_workload(),
+        spec_undo_workload(),
         *(random_workload(seed) for seed in seeds),
+        *(random_spec_workload(seed) for seed in seeds[: max(1, len(seeds) // 2)]),
     ]
     for config, specs in cases:
         inputs = {
@@ -480,8 +630,17 @@ def check_schedule(schedule: Callable, seeds: Iterable[int] = range(30)) -> None
             ],
         }
         expected = run_schedule(None, config, specs)
-        with calling("schedule", inputs, expected=expected):
-            got = run_schedule(schedule, config, specs)
+        got: list = []
+        try:
+            run_schedule(schedule, config, specs, log=got)
+        except Exception:  # reported below, after the steps that ran before it
+            # The steps before the one that raised may already part from the reference: that is the bug to show.
+            _compare_runs(inputs, config, expected[: len(got)], got)
+            step = {"raised at step": len(got),
+                    "the reference's decisions at that step": describe_decisions(decisions(expected[len(got)][0]))
+                    if len(got) < len(expected) else "(the reference's run had ended)"}
+            with calling("schedule", {**inputs, **step}, expected=step["the reference's decisions at that step"]):
+                raise
         _compare_runs(inputs, config, expected, got)
     passed("check_schedule", len(cases))
 
@@ -493,9 +652,10 @@ def _ordered_keys(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
 # ---- what each run decided, step by step
 def decisions(summary: dict[str, Any]) -> dict[str, Any]:
     """One step's decisions: running requests scheduled (id -> tokens, in order), waiting requests admitted
-    (id -> tokens), requests preempted."""
+    (id -> tokens), requests preempted, and the drafts each scheduled request verifies (id -> how many)."""
     if "(no step)" in summary:
-        return {"ran": {}, "admitted": {}, "preempted": [], "hits": {}, "ended": True}
+        return {"ran": {}, "admitted": {}, "preempted": [], "hits": {}, "drafts": {}, "num_new_blocks": 0,
+                "ended": True}
     counts = dict(summary["num_scheduled_tokens"])
     new_reqs = summary["new_reqs (req_id, block_ids, num_computed_tokens)"]
     admitted = [req_id for req_id, _, _ in new_reqs]
@@ -504,6 +664,9 @@ def decisions(summary: dict[str, Any]) -> dict[str, Any]:
         "ran": {r: n for r, n in counts.items() if r not in admitted},
         "admitted": {r: counts.get(r, 0) for r in admitted},
         "preempted": list(summary["preempted_req_ids"]),
+        "drafts": {r: len(drafts) for r, drafts in summary.get("scheduled_spec_decode_tokens", [])},
+        "num_new_blocks": sum(len(blocks) for _, blocks, _ in new_reqs) + sum(
+            len(blocks) for _, blocks, _ in summary["cached_reqs (req_id, new_block_ids, num_computed_tokens)"]),
         "ended": False,
     }
 
@@ -511,13 +674,18 @@ def decisions(summary: dict[str, Any]) -> dict[str, Any]:
 def describe_decisions(step: dict[str, Any]) -> str:
     if step["ended"]:
         return "(the run had ended)"
+
+    def tokens(req_id: str, count: int) -> str:
+        num_drafts = step["drafts"].get(req_id, 0)
+        return f"{req_id} {count}" + (f" ({num_drafts} draft{'s' if num_drafts > 1 else ''})" if num_drafts else "")
+
     parts = []
     if step["ran"]:
-        parts.append("ran " + ", ".join(f"{r} {n}" for r, n in step["ran"].items()))
+        parts.append("ran " + ", ".join(tokens(r, n) for r, n in step["ran"].items()))
     if step["preempted"]:
         parts.append("preempted " + ", ".join(step["preempted"]))
     if step["admitted"]:
-        parts.append("admitted " + ", ".join(f"{r} {n}" for r, n in step["admitted"].items()))
+        parts.append("admitted " + ", ".join(tokens(r, n) for r, n in step["admitted"].items()))
     return "; ".join(parts) or "nothing scheduled"
 
 
@@ -559,7 +727,8 @@ def _compare_runs(inputs: dict[str, Any], config: dict[str, Any], expected: list
             f"step {index - 1}" if index else "(they part at once)")}, expected_value, got_value, hint)
         table = decision_table(expected, got, index)
         raise AssertionError(f"{message}\n  decisions per step (ran = running requests scheduled, with their "
-                             f"tokens; admitted = waiting requests started):\n{table}") from None
+                             f"tokens; admitted = waiting requests started; (n drafts) = the drafts it verifies):"
+                             f"\n{table}") from None
 
 
 # ---- hints: the rule the first differing step exercises
@@ -605,6 +774,29 @@ RULE_RESUMED = (
 RULE_ADVANCE = (
     "after building the output, advance each scheduled request's num_computed_tokens by its tokens (the next "
     "schedule() may be planned before this step's outputs arrive)")
+RULE_SPEC_WANTED = (
+    "speculative decoding: a running request also wants its drafts computed (request.spec_token_ids: proposed "
+    "after its last step, verified by this one), after its last known token; they count against the budget, the "
+    "threshold and the length cap like any other token (request.num_tokens_with_spec counts them). A schedule that "
+    "ignores them silently turns speculation off")
+RULE_SPEC_DRAFTS = (
+    "SchedulerOutput.scheduled_spec_decode_tokens names, per running request, the drafts this step computes (they "
+    "are the last of its scheduled tokens): all of them when it got its last known token and every draft, only the "
+    "first ones that fit when the budget or the length cap cut it short, none when its step ends before its last "
+    "known token; set it on the output of self._make_output")
+RULE_SPEC_UNDO = (
+    "a victim undone in the step that scheduled it leaves the step with everything the step gave it: its tokens "
+    "(back to the budget), its new blocks, and its drafts (out of scheduled_spec_decode_tokens)")
+RULE_LOOKAHEAD = (
+    "a drafter with its own KV cache (self.num_lookahead_tokens > 0) writes its drafts' keys and values right "
+    "after a step that reaches the request's last known token, so that step's allocation also asks for room for "
+    "them: up to self.num_lookahead_tokens more slots, never past self.max_request_len tokens in all; an allocation "
+    "whose step ends inside the known tokens (a prefill chunk) asks for none (mini's rule), in both passes")
+_BLOCK_KEYS = ("new_reqs (req_id, block_ids, num_computed_tokens)",
+               "cached_reqs (req_id, new_block_ids, num_computed_tokens)", "block_ids", "num_free_blocks",
+               "prefix-cached block ids")
+_PREEMPTION_RULES = (RULE_PREEMPT_ONLY_WHEN_FULL, RULE_MUST_PREEMPT, RULE_VICTIM, RULE_SELF_PRIORITY,
+                     RULE_UNDO_VICTIM, RULE_NO_ADMIT)
 _HINTS = {
     "prefix-cache stats (requests, queries, hits, preempted: requests, queries, hits)": "count a request's "
     "prefix-cache lookup once, when it is admitted (record_prefix_cache_stats after allocate_slots succeeds), "
@@ -613,6 +805,14 @@ _HINTS = {
     "allocation but will never be written this step: a block that holds no KV must not stay a prefix-cache "
     "hit (see the helpers the exercise lists)",
     "num_computed_tokens": RULE_ADVANCE,
+    "finished_req_ids": "finished_req_ids tells the runner once which requests finished or were preempted since "
+    "the last step (the scheduler collects them between steps): after building the output, start a new, empty set "
+    "in self.finished_req_ids",
+    "status": "a request admitted from the waiting queue is RUNNING from this step on (request.status)",
+    "outputs": "a request's num_cached_tokens is its prefix-cache hits at its FIRST admission: set once, while it "
+    "is still -1 (a request resumed after a preemption keeps the first value)",
+    "scheduled_spec_decode_tokens": RULE_SPEC_DRAFTS,
+    "drafts": RULE_SPEC_DRAFTS,
 }
 _HINT = (
     "running first, in order (num_tokens_to_schedule, allocate_slots, preempt until it fits); then, only if "
@@ -624,10 +824,45 @@ def rule_hint(config: dict[str, Any], context: dict[str, Any], want: dict[str, A
               key: str) -> str:
     """The rule the first differing step exercises, from the two runs' decisions at that step (and the
     reference's queues at its start); `key` is the first differing field."""
-    rule = _classify(config, context, want, have)
+    rule = _classify_spec(config, context, want, have, key) or _classify(config, context, want, have)
+    if rule is not None and rule in _PREEMPTION_RULES and _has_lookahead(config):
+        rule += f". (With speculative decoding, check the lookahead slots first: {RULE_LOOKAHEAD})"
     if rule is None:
         rule = _HINTS.get(key, _HINTS.get(key.split(" ")[0], _HINT))
     return "RULE: " + rule
+
+
+def _has_lookahead(config: dict[str, Any]) -> bool:
+    spec = config.get("speculative_config")
+    return spec is not None and spec["method"] != "ngram"
+
+
+def _classify_spec(config: dict[str, Any], context: dict[str, Any], want: dict[str, Any], have: dict[str, Any],
+                   key: str) -> str | None:
+    """The speculative-decoding rule a step breaks (None: not one of them)."""
+    if config.get("speculative_config") is None or want["ended"] or have["ended"]:
+        return None
+    drafted = context.get("drafts", {})
+    if want["preempted"] == have["preempted"]:
+        for req_id, count in want["ran"].items():
+            if req_id in drafted and have["ran"].get(req_id, count) < count and not have["drafts"].get(req_id):
+                return RULE_SPEC_WANTED
+    if want["drafts"] != have["drafts"] or key == "scheduled_spec_decode_tokens":
+        if any(r in want["preempted"] and r not in want["drafts"] for r in have["drafts"]):
+            return RULE_SPEC_UNDO
+        if want["preempted"] == have["preempted"] and {**want["ran"], **want["admitted"]} == {
+                **have["ran"], **have["admitted"]} or key == "scheduled_spec_decode_tokens":
+            return RULE_SPEC_DRAFTS
+        if any(have["ran"].get(r) == 1 for r in drafted if r in want["drafts"]):
+            return RULE_SPEC_WANTED
+    if (_has_lookahead(config) and key in _BLOCK_KEYS and want["preempted"] == have["preempted"]
+            and {**want["ran"], **want["admitted"]} == {**have["ran"], **have["admitted"]}):
+        if have["num_new_blocks"] > want["num_new_blocks"]:
+            return RULE_LOOKAHEAD + ". Your step took MORE new blocks than the reference's for the same tokens"
+        if have["num_new_blocks"] < want["num_new_blocks"]:
+            return RULE_LOOKAHEAD + ". Your step took FEWER new blocks than the reference's for the same tokens"
+        return RULE_LOOKAHEAD
+    return None
 
 
 def _classify(config: dict[str, Any], context: dict[str, Any], want: dict[str, Any],
@@ -708,8 +943,26 @@ def expect_same_timeline(mine: Any, reference_timeline: Any) -> None:
                     from None
 
 
+def expect_same_spec_stats(mine: Any, reference_llm: Any) -> None:
+    """Raise unless the engine `mine` (an LLM) verified and accepted as many drafts as `reference_llm`."""
+    __tracebackhide__ = True
+    want = reference_llm.llm_engine.get_scheduler_stats().spec_decoding_stats
+    have = mine.llm_engine.get_scheduler_stats().spec_decoding_stats
+    if (have.num_draft_tokens, have.num_accepted_tokens) != (want.num_draft_tokens, want.num_accepted_tokens):
+        why = ("your schedule never hands the drafts (request.spec_token_ids) to the runner: the output is the same, "
+               "but speculation is silently off" if have.num_draft_tokens == 0 else
+               "the drafts your schedule hands to the runner are not the reference's")
+        raise AssertionError(
+            f"speculative decoding: {have.num_draft_tokens} draft tokens verified ({have.num_accepted_tokens} "
+            f"accepted) with your scheduler, {want.num_draft_tokens} ({want.num_accepted_tokens}) with the "
+            f"reference: {why}. Run check_schedule(schedule) for the first step and the rule") from None
+
+
 PHASE = Phase("05_scheduler", (
     Exercise("num_tokens_to_schedule", check_num_tokens_to_schedule, points=2, grade_id="test-num-tokens", part="num_tokens_to_schedule"),
     Exercise("select_preemption_victim", check_select_preemption_victim, points=2, grade_id="test-victim", part="select_preemption_victim"),
-    Exercise("schedule", check_schedule, points=8, grade_id="test-schedule", part="schedule"),
+    Exercise("schedule", check_schedule, points=8, grade_id="test-schedule", part="schedule",
+             design="schedule() with speculative tokens: how drafts share the budget and the length limit, which "
+                    "of them a step verifies, the lookahead slots a drafter with its own KV cache needs, and what an "
+                    "undone victim hands back"),
 ))

@@ -114,6 +114,30 @@ def _detok_streams(tokenizer: Any, seeds: Iterable[int]) -> list[tuple[list[int]
     return streams
 
 
+class CountingTokenizer:
+    """The tokenizer the check hands to `detokenize_incrementally`: the real one, recording the most tokens one
+    decode call was given (`convert_tokens_to_string`, `decode`), so a detokenizer that decodes the whole output
+    at every step (right, but quadratic) is caught."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.longest_decode = 0
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        self.longest_decode = max(self.longest_decode, len(tokens))
+        return self._tokenizer.convert_tokens_to_string(tokens)
+
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str:
+        self.longest_decode = max(self.longest_decode, len(token_ids))
+        return self._tokenizer.decode(token_ids, *args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self._tokenizer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+
 @graded
 def check_detokenize_incrementally(
     detokenize_incrementally: Callable, seeds: Iterable[int] = range(12)
@@ -131,9 +155,10 @@ def check_detokenize_incrementally(
             expected = reference.detokenize_incrementally(
                 tokenizer, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
             )
+            counting = CountingTokenizer(tokenizer)
             with calling("detokenize_incrementally", inputs, expected=expected):
                 got = detokenize_incrementally(
-                    tokenizer, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
+                    counting, list(inputs["tokens"]), inputs["prefix_offset"], inputs["read_offset"]
                 )
             got = tuple(got) if isinstance(got, (tuple, list)) else got
             expect_equal(
@@ -146,6 +171,17 @@ def check_detokenize_incrementally(
                 "space when its token is decoded alone). If it ends in '\\ufffd' (an unfinished character) or adds nothing, "
                 "return '' and the SAME offsets; else (text, read_offset, len(tokens))",
             )
+            window = len(inputs["tokens"]) - inputs["prefix_offset"]
+            if counting.longest_decode > window:
+                expect_equal(
+                    "detokenize_incrementally: the most tokens one decode call was given",
+                    inputs,
+                    f"at most {window} (the tokens from prefix_offset on)",
+                    f"{counting.longest_decode} (the tokens before prefix_offset too)",
+                    "decode only the window from prefix_offset: the tokens before it are released and no longer "
+                    "change the text. Re-decoding the whole output gives the right text but costs a quadratic "
+                    "amount of work (1,000 output tokens: about 500,000 tokens decoded, for every request)",
+                )
             num_cases += 1
     passed("check_detokenize_incrementally", num_cases)
 
@@ -315,10 +351,14 @@ FIXED_REQUESTS = [
 
 
 def make_request(case: dict[str, Any]) -> Request:
+    """The request as the engine builds it: the input processor hands the EOS id to both the request and its
+    params (`SamplingParams.update_from_eos`: the params' EOS id stays None under ignore_eos, as vLLM's)."""
+    params = SamplingParams(**case["params"])
+    params.update_from_eos(case["eos_token_id"])
     request = Request(
         "req",
         list(range(10, 10 + case["prompt_len"])),
-        SamplingParams(**case["params"]),
+        params,
         eos_token_id=case["eos_token_id"],
         arrival_time=0.0,
     )
@@ -344,10 +384,11 @@ def check_check_stop(check_stop: Callable, seeds: Iterable[int] = range(60)) -> 
         with calling("check_stop", inputs):
             got = check_stop(request, case["max_model_len"])
         hint = (
-            "vLLM's order: the EOS token (unless ignore_eos) -> FINISHED_STOPPED; a stop_token_ids "
-            "token -> FINISHED_STOPPED with stop_reason = that id; only then num_tokens >= "
-            "max_model_len or num_output_tokens >= max_tokens -> FINISHED_LENGTH_CAPPED. min_tokens "
-            "plays no part here: the MinTokensLogitsProcessor keeps EOS and stop ids from being sampled"
+            "vLLM's order: the EOS token (request.sampling_params.eos_token_id, None under ignore_eos) -> "
+            "FINISHED_STOPPED, no stop_reason; a stop_token_ids token (even under ignore_eos) -> FINISHED_STOPPED "
+            "with stop_reason = that id; only then num_tokens >= max_model_len or num_output_tokens >= max_tokens "
+            "(None: no limit) -> FINISHED_LENGTH_CAPPED. min_tokens plays no part here: the "
+            "MinTokensLogitsProcessor keeps EOS and stop ids from being sampled"
         )
         expect_equal("check_stop return value", inputs, expected, got, hint)
         expect_equal(
@@ -430,6 +471,27 @@ def _reset(engine: Any) -> None:
     engine._pending_outputs = []
 
 
+class _CountForwardPasses:
+    """`with _CountForwardPasses(engine) as passes:` counts the model runner's forward passes (`passes.count`)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.runner = engine.model_runner
+        self.count = 0
+
+    def __enter__(self) -> _CountForwardPasses:  # noqa: PYI034 - a plain class, never subclassed
+        execute_model = self.runner.execute_model
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return execute_model(*args, **kwargs)
+
+        self.runner.execute_model = counted
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        del self.runner.execute_model
+
+
 def _run(engine: Any, step: Callable[[], Any], workload: list[dict[str, Any]], max_steps: int = 20) -> list:
     _reset(engine)
     log = []
@@ -446,6 +508,29 @@ def _run(engine: Any, step: Callable[[], Any], workload: list[dict[str, Any]], m
             break
         log.append(_summary(step()))
     return log
+
+
+def _step_hint(want: Any, have: Any, earlier: list) -> str:
+    """What a step's outputs say about the bug, from the reference's and the candidate's outputs of that step."""
+    if not isinstance(want, list):
+        return ("your engine still had requests to run after the reference's run had ended: a request that a stop "
+                "string ended must be finished in the scheduler in the same iteration (finish_requests(..., "
+                "FINISHED_STOPPED)), since the scheduler never sees text and keeps it running")
+    if not isinstance(have, list):
+        return ("your run ended before the reference's: every request the scheduler still holds needs more "
+                "iterations, and outputs left pending by abort_request are returned by the next one")
+    reported = [o for step in earlier for o in step if o[2]]
+    if sorted(want, key=repr) == sorted(have, key=repr):
+        return "the outputs left pending by abort_request come first, then this iteration's new ones"
+    if any(o in reported for o in have if o not in want):
+        return ("an output left pending by abort_request is returned by one iteration, then gone: take them out "
+                "of self._pending_outputs when you return them")
+    aborted = [o for o in want if o[1] and o[1][0][3] == "abort"]
+    if any(o not in have for o in aborted):
+        return ("abort_request leaves the aborted request's final output in self._pending_outputs: the next "
+                "iteration returns it, before its new outputs")
+    return ("an iteration reports one RequestOutput per request that progressed in it: the output processor turns "
+            "the scheduler's token-level outputs of this step's forward pass into them")
 
 
 @graded
@@ -475,31 +560,41 @@ def check_step(step: Callable, seeds: Iterable[int] = range(2)) -> None:
             },
             {"abort": "r2", "at_step": 2},
         ],
+        # the only request is aborted: the next iteration has its final output to return, and nothing to run
+        [
+            {
+                "request_id": "r0",
+                "prompt": "The cat",
+                "at_step": 0,
+                "params": {"temperature": 0.0, "max_tokens": 8, "output_kind": RequestOutputKind.DELTA},
+            },
+            {"abort": "r0", "at_step": 2},
+        ],
         *(_loop_workload(seed) for seed in seeds),
     ]
     for workload in workloads:
         inputs = {"workload": workload}
-        expected = _run(engine, engine.step, workload)
+        with _CountForwardPasses(engine) as reference_passes:
+            expected = _run(engine, engine.step, workload)
         expected_state = (
             engine.scheduler.get_num_unfinished_requests(),
             engine.kv_cache_manager.block_pool.get_num_free_blocks(),
         )
-        with calling("step", inputs, expected=expected):
+        with calling("step", inputs, expected=expected), _CountForwardPasses(engine) as passes:
             got = _run(engine, types.MethodType(step, engine), workload)
-        hint = (
-            "outputs pending from abort_request() first; then schedule -> model_runner.execute_model -> "
-            "update_from_output -> output_processor.process_outputs, and finish the requests stopped by "
-            "a stop string in the scheduler (finish_requests(..., FINISHED_STOPPED))"
-        )
         for index in range(max(len(expected), len(got))):
+            want = expected[index] if index < len(expected) else "(no step: the run had ended)"
+            have = got[index] if index < len(got) else "(no step: your run ended early)"
             expect_equal(
                 f"step {index}: outputs (request_id, [(index, text, token_ids, finish_reason, "
                 "stop_reason)], finished)",
                 inputs,
-                expected[index] if index < len(expected) else "(no step: the run had ended)",
-                got[index] if index < len(got) else "(no step: your run ended early)",
-                hint,
+                want,
+                have,
+                _step_hint(want, have, expected[:index]),
             )
+        hint = ("after the output processor names the requests a stop string ended, finish them in the scheduler "
+                "(finish_requests(..., FINISHED_STOPPED)): it never sees text and would keep them running")
         expect_equal(
             "after the run: unfinished requests in the scheduler",
             inputs,
@@ -514,6 +609,15 @@ def check_step(step: Callable, seeds: Iterable[int] = range(2)) -> None:
             engine.kv_cache_manager.block_pool.get_num_free_blocks(),
             "a request stopped by a stop string must be finished in the scheduler too, or its "
             "blocks are never freed",
+        )
+        expect_equal(
+            "the run's forward passes (model_runner.execute_model calls)",
+            inputs,
+            reference_passes.count,
+            passes.count,
+            "an iteration with nothing left in the scheduler (only outputs left pending by abort_request) "
+            "returns those outputs and runs no forward pass" if passes.count > reference_passes.count else
+            "each iteration with requests in the scheduler runs exactly one forward pass",
         )
     passed("check_step", len(workloads))
 
@@ -607,6 +711,7 @@ def check_parent_request(ParentRequest: Callable, seeds: Iterable[int] = range(2
         expected_parent = ps.ParentRequest(_core_request(request_id, params.clone()))
         with calling("ParentRequest(request)", inputs):
             parent = ParentRequest(_core_request(request_id, params))
+        _expect_n(parent, case["n"], inputs, "right after ParentRequest(request)")
         # --- fan-out: one child per index
         for index in range(case["n"]):
             expected_id, expected_params = expected_parent.get_child_info(index)
@@ -658,7 +763,16 @@ def check_parent_request(ParentRequest: Callable, seeds: Iterable[int] = range(2
                          "parent finished?)", call_inputs, expected, got, hint)
             history.append(f"{child_id} {text!r} {finish_reason}")
             num_calls += 1
+        _expect_n(parent, case["n"], inputs, "after every child reported")
     passed("check_parent_request", num_calls)
+
+
+def _expect_n(parent: Any, n: int, inputs: dict[str, Any], when: str) -> None:
+    with calling("ParentRequest.n", inputs, expected=n):
+        got = parent.n
+    expect_equal(f"ParentRequest.n {when}", inputs, n, got,
+                 "n is how many samples the parent asks for (its sampling_params.n), whatever its children do: "
+                 "the engine fans out that many children")
 
 
 # ---------------------------------------------------------------------------------------- beam search
@@ -805,7 +919,9 @@ PHASE = Phase("06_engine_loop", (
     Exercise("check_stop_strings", check_check_stop_strings, points=3, grade_id="test-stop-strings", handle_name="stop_strings",
              part="check_stop_strings"),
     Exercise("check_stop", check_check_stop, points=2, grade_id="test-check-stop", part="check_stop"),
-    Exercise("step", check_step, points=2, grade_id="test-step"),
+    Exercise("step", check_step, points=2, grade_id="test-step",
+             design="the order of one engine iteration (schedule, forward, update, detokenize, finish what a stop "
+                    "string ended), derived from what each piece needs and from the invariants"),
     Exercise("ParentRequest", check_parent_request, points=3, grade_id="test-parent-request"),
     Exercise("beam_search_step", check_beam_search_step, points=4, grade_id="test-beam-search-step"),
 ))
