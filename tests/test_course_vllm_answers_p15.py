@@ -11,11 +11,12 @@ get_core_engine_for_request` (vllm/v1/engine/core_client.py) runs on a client st
 balancer; vLLM's always hold `[waiting, running, kv_cache_usage]`, so a pair gets usage 0) and a request
 with no explicit rank, and returns the chosen core's index.
 
-Not adapted: `QKVParallelLinear.weight_loader` (vLLM's dispatches on parameter attributes set by its
-quantization methods: `output_dim`, `packed_dim`, `is_metadata`, ...; running it would mean rebuilding that
-parameter machinery) and `EngineCoreProc._process_input_queue` / `_process_engine_step` (vLLM's read the
-core's `has_work()`, `is_running()`, an aborts queue, a watchdog and a `step_fn` returning per-client outputs:
-a different loop structure, not a call shape).
+`QKVParallelLinear.weight_loader` (linear.py, with its `validate_shard_id`) runs as a method of mini's layer on
+a parameter given the one attribute an unquantized vLLM weight carries (`output_dim = 0`).
+
+Not adapted: `EngineCoreProc._process_input_queue` / `_process_engine_step` (vLLM's read the core's `has_work()`,
+`is_running()`, an aborts queue, a watchdog and a `step_fn` returning per-client outputs, and shutdown is a state
+rather than a message on the queue: a different loop structure, not a call shape).
 """
 
 from __future__ import annotations
@@ -95,3 +96,37 @@ def test_vllm_get_core_engine_for_request_passes():
         return method(client, request)
 
     check_of(PHASE, "get_core_engine_for_request")(get_core_engine_for_request)
+
+
+def test_vllm_qkv_weight_loader_passes():
+    """vLLM's `QKVParallelLinear.weight_loader` and `validate_shard_id` (vllm/model_executor/layers/linear.py) as
+    methods of mini's layer. vLLM's loader dispatches on attributes its quantization methods set on a parameter;
+    an unquantized weight of vLLM's carries `output_dim = 0` (the dimension its shards are cut along), so the
+    adapter sets that one attribute, and names the two per-rank counts vLLM's layer keeps
+    (`num_kv_head_replicas`, `v_head_size`). The quantization branches (block scales, packing, Marlin, fused
+    scalars) are never reached by an unquantized weight; their helpers are stubs that fail if called."""
+    import logging
+
+    from typing_extensions import TypeIs
+
+    from mini.model.parallel_linear import QKVParallelLinear
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a quantization branch of vLLM's loader ran for an unquantized weight")
+
+    namespace = {"torch": torch, "Parameter": torch.nn.Parameter, "Any": Any, "TypeIs": TypeIs,
+                 "BlockQuantScaleParameter": type("BlockQuantScaleParameter", (), {}),
+                 "adjust_block_scale_shard": unreachable, "adjust_marlin_shard": unreachable,
+                 "adjust_scalar_to_fused_array": unreachable, "logger": logging.getLogger("vllm-adapter")}
+    validate_shard_id = vllm_definition(LINEAR, "QKVParallelLinear.validate_shard_id", namespace)
+    weight_loader = vllm_definition(LINEAR, "QKVParallelLinear.weight_loader", namespace)
+
+    def loader(self: Any, param: torch.nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
+        param.output_dim = 0
+        weight_loader(self, param, loaded_weight, shard_id)
+
+    vllm_layer = type("QKVParallelLinear", (QKVParallelLinear,), {
+        "validate_shard_id": validate_shard_id, "weight_loader": loader,
+        "num_kv_head_replicas": property(lambda self: self.kv_partition.replicas),
+        "v_head_size": property(lambda self: self.head_size)})
+    check_of(PHASE, "QKVParallelLinear")(vllm_layer)

@@ -7,6 +7,10 @@
 The capstone's exercises write no part of an engine role: they are the tools that judge an assembled engine
 (where two runs part, which component breaks exactness, what the report card adds up to).
 
+The bisection's `is_exact` stops a search at its first call over the budget (raised inside the learner's
+code), so a loop that never ends fails at once, naming a repeated or empty question, instead of recording
+calls until the grading process runs out of memory.
+
 vLLM counterparts: none of the three is a function of vLLM's. The nearest, `check_outputs_equal` and
 `check_logprobs_close` in vLLM's tests/models/utils.py, assert where two runs part rather than return it.
 """
@@ -14,6 +18,7 @@ vLLM counterparts: none of the three is a function of vLLM's. The nearest, `chec
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 from collections.abc import Callable, Iterable
@@ -60,6 +65,16 @@ FIRST_DIVERGENCE_RULE = ("None when every prompt's tokens are equal; else (promp
                          "the length of the shorter one")
 
 
+def _differences(expected_tokens: list[list[int]], got_tokens: list[list[int]]) -> list[tuple[int, int]]:
+    """Every (prompt, position) where the two runs differ: each differing token, and where a shorter one ends."""
+    found = []
+    for index, (want, have) in enumerate(zip(expected_tokens, got_tokens)):
+        found += [(index, position) for position, (a, b) in enumerate(zip(want, have)) if a != b]
+        if len(want) != len(have):
+            found.append((index, min(len(want), len(have))))
+    return found
+
+
 def _divergence_hint(expected_tokens: list[list[int]], got_tokens: list[list[int]], answer: Any, result: Any) -> str:
     """The rule the failing case exercises, named (never the answer)."""
     if answer is None:
@@ -67,20 +82,32 @@ def _divergence_hint(expected_tokens: list[list[int]], got_tokens: list[list[int
                 "return None. " + FIRST_DIVERGENCE_RULE)
     index, position = answer
     want, have = expected_tokens[index], got_tokens[index]
-    prefix_case = position == min(len(want), len(have)) and len(want) != len(have)
+    shorter = min(len(want), len(have))
+    prefix_case = position == shorter and len(want) != len(have)
+    pair = tuple(result) if isinstance(result, (tuple, list)) and len(result) == 2 else None
     if result is None:
         if prefix_case:
             return (f"prompt {index}: one run stopped earlier, so a prefix is NOT equal: the position is the length "
                     f"of the shorter one. " + FIRST_DIVERGENCE_RULE)
         return f"prompt {index} differs at a token: look at every prompt, token by token. " + FIRST_DIVERGENCE_RULE
-    if isinstance(result, (tuple, list)) and tuple(result) == (position, index) and index != position:
+    if pair is not None and pair in _differences(expected_tokens, got_tokens):
+        if pair[0] == index and pair[1] == shorter and len(want) != len(have):
+            return (f"prompt {index}: a token differs at position {position}, before the shorter sequence ends (at "
+                    f"{shorter}): the first token position where the two lists differ comes first. "
+                    + FIRST_DIVERGENCE_RULE)
+        return (f"{pair} is a LATER difference: the runs first part at {answer}; stop at the first. "
+                + FIRST_DIVERGENCE_RULE)
+    if pair == (position, index) and index != position:
         return "the order of the pair: (prompt index, token position). " + FIRST_DIVERGENCE_RULE
-    if isinstance(result, (tuple, list)) and len(result) == 2 and result[0] != index:
+    if pair is not None and pair[0] != index:
         return (f"the FIRST prompt that differs is prompt {index}: scan the prompts in order and stop at the first "
                 f"difference. " + FIRST_DIVERGENCE_RULE)
     if prefix_case:
         return (f"prompt {index}: one sequence is a prefix of the other (lengths {len(want)} and {len(have)}): "
                 f"the position is the length of the shorter one. " + FIRST_DIVERGENCE_RULE)
+    if pair is not None and pair[1] == position + 1:
+        return (f"prompt {index}: token positions count from 0, as list indices do (you are one past). "
+                + FIRST_DIVERGENCE_RULE)
     return f"prompt {index}: the first token position where the two lists differ. " + FIRST_DIVERGENCE_RULE
 
 
@@ -95,6 +122,8 @@ def check_first_divergence(first_divergence_fn: Callable, seeds: Iterable[int] =
         arguments = copy.deepcopy((expected_tokens, got_tokens))
         with calling("first_divergence", inputs, expected=answer, hint=FIRST_DIVERGENCE_RULE):
             result = first_divergence_fn(*arguments)
+        if isinstance(result, list) and len(result) == 2:   # a pair as a list reads the same: accept it
+            result = tuple(result)
         if result != answer and answer is not None:
             index = answer[0]
             inputs[f"prompt {index} (where they part)"] = (
@@ -111,21 +140,45 @@ BISECT_EXAMPLE = ["compute_positions", "compute_slot_mapping", "rms_norm", "appl
                   "build_attention_metadata", "apply_temperature", "hash_block_tokens", "check_stop"]
 
 
+class _OverBudget(AssertionError):
+    """is_exact was called past the budget: raised inside the learner's search, so a loop that never ends
+    fails at once instead of running (and recording calls) until the machine runs out of memory."""
+
+
 class _Oracle:
-    """is_exact for a set in which `broken` (or nothing) breaks exactness; counts and vets its calls."""
+    """is_exact for a set in which `broken` (or nothing) breaks exactness; counts and vets its calls, and stops
+    the search with a message once it asks more than the budget allows."""
 
     def __init__(self, components: list[str], broken: str | None,
                  run: Callable[[list[str]], bool] | None = None) -> None:
         self.components, self.broken, self.run = components, broken, run
         self.calls: list[list[str]] = []
+        self.budget = _max_calls(len(components))
+        self.over_budget: str | None = None
 
     def __call__(self, subset: Iterable[str]) -> bool:
+        if isinstance(subset, str):  # an AssertionError passes `calling` unchanged: the learner reads this text
+            raise AssertionError(  # noqa: TRY004
+                f"is_exact was asked about the string {subset!r}: pass a LIST of component names "
+                f"(a sub-list of components), e.g. a list of one name")
         subset = list(subset)
         strangers = [name for name in subset if name not in self.components]
         if strangers:
             raise AssertionError(f"is_exact was asked about {strangers}, which are not in `components` "
                                  f"({self.components}): pass sub-lists of components")
         self.calls.append(subset)
+        if len(self.calls) > self.budget:
+            repeated = subset in self.calls[:-1] or not subset
+            self.over_budget = (
+                f"is_exact was called a {len(self.calls)}th time, over the budget of 1 + ceil(log2("
+                f"{len(self.components)})) = {self.budget} calls for {len(self.components)} components, and the "
+                f"search was stopped there"
+                + (f"; this call asked about {subset}, " + ("an empty list (nothing plugged is always exact)" if not
+                   subset else "a subset it had already asked about") + ": the suspects stopped shrinking (does "
+                   "the loop end once one suspect is left?)" if repeated else "")
+                + ". Each call runs the engine: halve the suspects with every call instead of trying them one by "
+                  "one, and ask no question whose answer you already know")
+            raise _OverBudget(self.over_budget)
         if self.run is not None:
             return self.run(subset)
         return self.broken not in subset
@@ -154,24 +207,37 @@ def _judge_bisect(candidate: Callable, components: list[str], oracle: _Oracle, l
                               "broken": oracle.broken if oracle.broken else "none of them"}
     if label:
         inputs["engine"] = label
-    with calling("find_breaking_component", inputs, expected=oracle.broken,
-                 hint="ask is_exact only about sub-lists of components; each call runs the engine"):
-        result = candidate(list(components), oracle)
+    try:
+        with calling("find_breaking_component", inputs, expected=oracle.broken,
+                     hint="ask is_exact only about sub-lists of components; each call runs the engine"):
+            result = candidate(list(components), oracle)
+    except _OverBudget:
+        result = None
+    if oracle.over_budget is not None:   # also when the search swallowed the error and went on
+        raise AssertionError(counterexample(
+            "number of is_exact calls", {**inputs, "your calls": _describe_calls(oracle)},
+            f"at most {oracle.budget}", f"more than {oracle.budget}", oracle.over_budget)) from None
     if result != oracle.broken:
-        inputs["your calls"] = [f"is_exact({subset}) -> {'exact' if oracle.broken not in subset else 'NOT exact'}"
-                                for subset in oracle.calls] or "none"
+        inputs["your calls"] = _describe_calls(oracle)
     expect_equal("find_breaking_component(components, is_exact)", inputs, oracle.broken, result,
                  _bisect_hint(components, oracle, result))
-    budget = _max_calls(len(components))
-    if len(oracle.calls) > budget:
-        raise AssertionError(counterexample(
-            "number of is_exact calls", {**inputs, "your calls": oracle.calls},
-            f"at most 1 + ceil(log2({len(components)})) = {budget}", len(oracle.calls),
-            "each call runs the engine: halve the suspects with every call instead of trying them one by one"))
+
+
+def _describe_calls(oracle: _Oracle) -> list[str] | str:
+    return [f"is_exact({subset}) -> {'exact' if oracle.broken not in subset else 'NOT exact'}"
+            for subset in oracle.calls[:12]] + (["..."] if len(oracle.calls) > 12 else []) or "none"
 
 
 def _engine_case() -> tuple[list[str], _Oracle]:
     """Real engine components (the reference's code) plus one deliberately broken one, on the shipped model."""
+    components, run = _engine_fixture()
+    return components, _Oracle(components, "compute_positions", run)
+
+
+@functools.cache
+def _engine_fixture() -> tuple[list[str], Callable[[list[str]], bool]]:
+    """The components and a memoized `run(subset)` (an engine per subset, each built once per process: the
+    reference's search and the learner's ask about the same subsets)."""
     from labs.plugging import plug
     from mini import LLM, SamplingParams, roles
 
@@ -193,14 +259,19 @@ def _engine_case() -> tuple[list[str], _Oracle]:
 
     expected = tokens()
 
+    answers: dict[frozenset[str], bool] = {}
+
     def run(subset: list[str]) -> bool:
-        with plug(**{name: parts[name] for name in subset}):
-            return tokens() == expected
+        key = frozenset(subset)
+        if key not in answers:
+            with plug(**{name: parts[name] for name in subset}):
+                answers[key] = tokens() == expected
+        return answers[key]
 
     if run(["compute_positions"]):  # the fixture itself must break exactness, or the case proves nothing
         raise RuntimeError("check_find_breaking_component: the broken compute_positions no longer changes "
                            "the shipped model's greedy tokens; pick another slip")
-    return components, _Oracle(components, "compute_positions", run)
+    return components, run
 
 
 @graded
@@ -279,6 +350,9 @@ def _scores_hint(card: list[CheckResult], expected: dict, got: Any) -> tuple[str
         where = f"phase {phase!r}: expected {score}, got {have}; its results (exercise, points, outcome): {rows}"
         if not isinstance(have, tuple) or len(have) != 2:
             return "each score is a pair (earned, possible). " + PHASE_SCORES_RULE, where
+        counted = (sum(r[2] == "passed" for r in rows), sum(r[2] != "skipped" for r in rows))
+        if have == counted and counted != score:
+            return ("each result counts its POINTS, not 1: you counted results. " + PHASE_SCORES_RULE), where
         if have[1] != score[1] and any(r[2] == "skipped" for r in rows):
             return ("possible points: skipped counts toward neither (it is not held against you). "
                     + PHASE_SCORES_RULE), where
@@ -315,6 +389,8 @@ def check_phase_scores(phase_scores_fn: Callable, seeds: Iterable[int] = range(2
 PHASE = Phase("14_capstone", (
     Exercise("first_divergence", check_first_divergence, points=2, grade_id="test-first-divergence"),
     Exercise("find_breaking_component", check_find_breaking_component, points=3,
-             grade_id="test-find-breaking-component"),
+             grade_id="test-find-breaking-component",
+             design="the search: which subsets to ask is_exact about, so one culprit among n components is always "
+                    "found within 1 + ceil(log2 n) engine runs"),
     Exercise("phase_scores", check_phase_scores, points=2, grade_id="test-phase-scores"),
 ))

@@ -13,16 +13,24 @@ layer with the learner's method in it), load the same full checkpoint tensors th
 run every rank in a FAKE tensor-parallel group (labs/checks/fake_tp_group.py: one thread per rank, mini's
 collectives met in-process), so no process or torch.distributed group is started and the cases are
 deterministic. They compare each rank's output with the reference's, and the number of collectives each rank
-called. The busy-loop check drives the learner's two methods over a scripted input queue (adds, an abort, a
-utility call, a shutdown) on a real in-process `EngineCore` of the shipped model, iteration by iteration,
-against the reference methods on the same script. The routing check compares the chosen core on fixed and
-random load snapshots and over a stream of requests routed by a `DPLoadBalancer`.
+called. The busy-loop check drives the learner's two methods over scripted input queues (adds, aborts, a
+utility call, idle waits, a chunked prefill, a shutdown while idle and one while busy) on a real in-process
+`EngineCore` of the shipped model, iteration by iteration, against the reference methods on the same script.
+The routing check compares the chosen core on fixed and random load snapshots and over a stream of requests
+routed by a `DPLoadBalancer`.
 
-vLLM v0.33.0's `RowParallelLinear.forward` (vllm/model_executor/layers/linear.py),
-`VocabParallelEmbedding.forward` (vocab_parallel_embedding.py) and
+vLLM v0.33.0's `RowParallelLinear.forward` and `QKVParallelLinear.weight_loader`
+(vllm/model_executor/layers/linear.py), `VocabParallelEmbedding.forward` (vocab_parallel_embedding.py) and
 `DPLBAsyncMPClient.get_core_engine_for_request` (vllm/v1/engine/core_client.py) pass these checks, adapted
-only in their call shape (tests/test_course_vllm_answers_p15.py, which says why vLLM's
-`QKVParallelLinear.weight_loader` and busy-loop methods are not adapted).
+only in their call shape (tests/test_course_vllm_answers_p15.py, which says why vLLM's busy-loop methods are
+not adapted: mini's loop is its own, a shutdown message instead of vLLM's shutdown state).
+
+The busy-loop check also enforces three rules turn by turn, each with its own message: an idle core waits for
+its next message instead of spinning (turns are counted while nothing has arrived), no EngineCoreOutputs
+without outputs goes out (a prefill chunk samples nothing), and nothing is taken from the queue after the
+shutdown sentinel. The layer checks name what is wrong where they can tell (the bias counted per rank, a rank
+missing it, a token that came out as zeros or as another id's row, the q / k / v block of the first wrong row);
+the loader must refuse an unknown shard id with ValueError; the router must leave its input lists untouched.
 """
 
 from __future__ import annotations
@@ -103,21 +111,49 @@ def check_row_parallel_linear(candidate: type, seeds: Iterable[int] = range(6)) 
         expected, expected_calls = _run_row(reference, case, seed)
         with calling("RowParallelLinear.forward", inputs, expected=f"[{num_tokens}, {output_size}] on every rank"):
             got, got_calls = _run_row(candidate, case, seed)
-        hint = ("each rank multiplies ITS input slice by ITS weight columns (F.linear(x, self.weight)); the partial "
-                "sums are added with ONE tensor_model_parallel_all_reduce (only when reduce_results and tp_size > "
-                "1); the bias is added once in total: by rank 0 before the all-reduce (or after it, on every rank)")
+        hint = ROW_HINT
         for rank in range(tp):
-            if isinstance(got[rank], torch.Tensor) and got[rank].shape == expected[rank].shape and bias and tp > 1:
-                extra = (got[rank] - expected[rank]).double()
-                if reduce_results and torch.allclose(extra, (tp - 1) * _bias_of(case, seed).expand_as(extra)):
-                    hint = (f"your output has the bias {tp} times: every rank added it before the sum. Add it "
-                            f"on rank 0 only (or once, after the all-reduce)")
+            hint = _row_hint(case, seed, rank, expected[rank], got[rank], got_calls[rank])
             expect_same(f"RowParallelLinear.forward, rank {rank} of {tp}", inputs, expected[rank], got[rank], hint,
                         axis_names=("token", "output feature"), atol=1e-9, rtol=1e-9)
         mismatch = _counts_line(expected_calls, got_calls)
         if mismatch:
             raise AssertionError(f"RowParallelLinear.forward: {mismatch}\n  inputs: {inputs}\n  hint: {hint}")
     passed("check_row_parallel_linear", len(cases))
+
+
+ROW_HINT = ("each rank multiplies ITS input slice by ITS weight columns; the partial results are summed with ONE "
+            "tensor_model_parallel_all_reduce (when reduce_results and tp_size > 1); the bias counts once in the "
+            "sum: rank 0's partial result carries it (the other ranks' do not)")
+
+
+def _row_hint(case: tuple, seed: int, rank: int, expected: torch.Tensor, got: Any, calls: dict[str, int]) -> str:
+    """The rule this rank's result breaks, named where the difference says which (else the general rule)."""
+    _, _, bias, tp, _, reduce_results = case
+    if tp > 1 and reduce_results and not calls.get("all_reduce"):
+        return (f"rank {rank} called no all-reduce: its output is only its own partial product, not the layer's "
+                f"output. " + ROW_HINT)
+    if tp > 1 and not reduce_results and calls.get("all_reduce"):
+        return ("reduce_results is False here: return this rank's partial result, unreduced (the caller reduces "
+                "it later, once). " + ROW_HINT)
+    if not (bias and isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype == expected.dtype):
+        return ROW_HINT
+    extra = got - expected
+    bias_row = _bias_of(case, seed).expand_as(extra)
+    if tp > 1 and reduce_results and torch.allclose(extra, (tp - 1) * bias_row):
+        return (f"your output has the bias {tp} times: every rank added it before the sum. The bias counts once: "
+                f"only rank 0's partial result carries it (or add it once, after the sum, on every rank)")
+    if torch.allclose(extra, -bias_row):
+        if reduce_results:
+            return (f"rank {rank}'s output lacks the bias: after the all-reduce every rank must hold the same full "
+                    f"result, bias included. " + ROW_HINT)
+        return (f"rank {rank}'s output lacks the bias: with reduce_results=False the partial results must still sum "
+                f"to the layer's output once the caller reduces them, so rank 0's partial result carries the bias. "
+                + ROW_HINT)
+    if not reduce_results and torch.allclose(extra, bias_row):
+        return (f"rank {rank}'s partial result has the bias, so the caller's sum would count it more than once: "
+                f"only rank 0's carries it. " + ROW_HINT)
+    return ROW_HINT
 
 
 def _bias_of(case: tuple, seed: int) -> torch.Tensor:
@@ -157,6 +193,50 @@ def _run_embed(cls: type, case: tuple, seed: int) -> tuple[list[Any], list[dict[
     return run_ranks(tp, rank_fn)
 
 
+EMBED_HINT = ("on each rank, an id outside [self.vocab_start_index, self.vocab_end_index) (start included, end "
+              "excluded) has no row here: this rank contributes ZERO for it; an id inside is row (id - start) of "
+              "this rank's weight; one tensor_model_parallel_all_reduce sums the ranks' contributions (tp_size 1: "
+              "a plain lookup)")
+EMBED_RAISE_HINT = ("an IndexError from the lookup means a local row outside [0, rows on this rank): every id outside "
+                    "this rank's range [start, end) (end is exclusive) must be replaced by a valid row before the "
+                    "lookup, and its result zeroed after it; ids inside become id - start")
+
+
+def _embed_hint(case: tuple, ranges: list[tuple[int, int]], weight: torch.Tensor, rank: int, expected: Any,
+                got: Any, calls: dict[str, int]) -> str:
+    """The first token whose vector is wrong, and what it holds instead (zeros, a multiple, another id's row)."""
+    vocab, _, tp, ids = case
+    if tp > 1 and not calls.get("all_reduce"):
+        return (f"rank {rank} called no all-reduce: its output holds only the vectors of its own ids "
+                f"{list(ranges[rank])}, zeros for the others. " + EMBED_HINT)
+    if not (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor) and got.shape == expected.shape
+            and got.dtype == expected.dtype):
+        return EMBED_HINT
+    for token, token_id in enumerate(ids):
+        want, have = expected[token], got[token]
+        if torch.allclose(want, have, atol=1e-12, rtol=0):
+            continue
+        owner = next(r for r, (start, end) in enumerate(ranges) if start <= token_id < end)
+        where = f"token {token}, id {token_id}, held by rank {owner} (ids {list(ranges[owner])})"
+        if not torch.any(have):
+            return f"{where}: its vector came out as zeros: no rank contributed its row. " + EMBED_HINT
+        for times in range(2, tp + 1):
+            if torch.allclose(have, times * want, atol=1e-9, rtol=0):
+                return (f"{where}: its vector came out {times} times over: more than one rank contributed a row for "
+                        f"it (zero the rows of ids outside a rank's range). " + EMBED_HINT)
+        stray = sum((weight[start] for r, (start, end) in enumerate(ranges) if r != owner and start < end),
+                    torch.zeros_like(want))
+        if torch.allclose(have - want, stray, atol=1e-9, rtol=0):
+            return (f"{where}: its vector has other ranks' rows added to it: the ranks that do not hold id {token_id} "
+                    f"contributed a row (their local row 0) instead of ZERO. " + EMBED_HINT)
+        matches = [j for j in range(vocab) if torch.allclose(have, weight[j], atol=1e-9, rtol=0)]
+        if matches:
+            return (f"{where}: its vector is the row of id {matches[0]}: the local row of an id is its offset from "
+                    f"this rank's vocab_start_index. " + EMBED_HINT)
+        return f"{where}: wrong vector. " + EMBED_HINT
+    return EMBED_HINT
+
+
 @graded
 def check_vocab_parallel_embedding(candidate: type, seeds: Iterable[int] = range(6)) -> None:
     """`candidate` is a VocabParallelEmbedding subclass with the learner's `forward`."""
@@ -169,12 +249,12 @@ def check_vocab_parallel_embedding(candidate: type, seeds: Iterable[int] = range
         inputs = {"vocab_size": vocab, "hidden": hidden, "tp_size": tp, "input_ids": ids,
                   "each rank's ids [start, end)": ranges}
         expected, expected_calls = _run_embed(reference, case, seed)
-        with calling("VocabParallelEmbedding.forward", inputs, expected=f"[{len(ids)}, {hidden}] on every rank"):
+        with calling("VocabParallelEmbedding.forward", inputs, expected=f"[{len(ids)}, {hidden}] on every rank",
+                     hint=EMBED_RAISE_HINT):
             got, got_calls = _run_embed(candidate, case, seed)
-        hint = ("on each rank: ids outside [self.vocab_start_index, self.vocab_end_index) are out of this shard; "
-                "look up (id - vocab_start_index) for the others and 0 for them, ZERO their rows, then "
-                "tensor_model_parallel_all_reduce the result (tp_size 1: a plain lookup)")
+        weight = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
         for rank in range(tp):
+            hint = _embed_hint(case, ranges, weight, rank, expected[rank][0], got[rank][0], got_calls[rank])
             expect_same(f"VocabParallelEmbedding.forward, rank {rank} of {tp}", inputs, expected[rank][0],
                         got[rank][0], hint, axis_names=("token", "hidden"), atol=1e-12)
             if got[rank][1] != ids:
@@ -183,7 +263,7 @@ def check_vocab_parallel_embedding(candidate: type, seeds: Iterable[int] = range
                                      f"(input_ids - start makes one; masked_fill_ on input_ids does not)")
         mismatch = _counts_line(expected_calls, got_calls)
         if mismatch:
-            raise AssertionError(f"VocabParallelEmbedding.forward: {mismatch}\n  inputs: {inputs}\n  hint: {hint}")
+            raise AssertionError(f"VocabParallelEmbedding.forward: {mismatch}\n  inputs: {inputs}\n  hint: {EMBED_HINT}")
     passed("check_vocab_parallel_embedding", len(cases))
 
 
@@ -237,6 +317,62 @@ def _load_qkv(cls: type, case: tuple, seed: int) -> list[dict[str, torch.Tensor]
     return ranks
 
 
+UNKNOWN_SHARD_IDS = ("o", "qkv")
+
+
+def _qkv_block_hint(want: torch.Tensor, have: torch.Tensor, blocks: dict[str, tuple[int, int]], part: Any,
+                    rank: int) -> str:
+    """Which of this rank's q / k / v blocks holds the first wrong row, and what it should hold."""
+    if not (isinstance(have, torch.Tensor) and have.shape == want.shape):
+        return ""
+    wrong = [row for row in range(want.shape[0]) if not torch.equal(want[row], have[row])]
+    if not wrong:
+        return ""
+    row = wrong[0]
+    name = next(n for n, (start, end) in blocks.items() if start <= row < end)
+    start, end = blocks[name]
+    source = (f"this rank's query heads (shard {rank})" if name == "q" else
+              f"KV shard {part.shard_rank} of {part.num_shards} of the {name}_proj rows")
+    unloaded = " (never written: still NaN)" if torch.isnan(have[row]).any() else ""
+    return (f"the first wrong row, row {row}{unloaded}, is in this rank's {name} block (rows [{start}, {end})), which "
+            f"holds {source}. ")
+
+
+def _check_unknown_shard_id(candidate: type, case: tuple, seed: int) -> None:
+    """An unknown shard_id must raise ValueError, before anything is written."""
+    hidden, head_size, heads, kv_heads, tp, bias = case
+    gen = torch.Generator().manual_seed(seed)
+    full_q = torch.randn(heads * head_size, hidden, generator=gen, dtype=DTYPE)
+    layer = candidate(hidden, head_size, heads, kv_heads, bias=bias, tp_rank=0, tp_size=tp, dtype=DTYPE)
+    for shard_id in UNKNOWN_SHARD_IDS:
+        with torch.no_grad():
+            layer.weight.fill_(float("nan"))
+        inputs = {"layer": f"rank 0 of {tp}, {heads} query / {kv_heads} KV heads of size {head_size}",
+                  "loaded_weight": f"{tuple(full_q.shape)} (a q_proj-sized tensor)", "shard_id": repr(shard_id)}
+        why = ("a shard_id that is not 'q', 'k' or 'v' is a bug in the caller's loading table (a typo, a fused "
+               "checkpoint tensor): raise ValueError naming it. Loaded silently, or skipped, it leaves rows of the "
+               "matrix wrong or unloaded, and the model runs on garbage without a word")
+        try:
+            layer.weight_loader(layer.weight, full_q, shard_id)
+        except ValueError:
+            pass
+        except NotImplementedError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any other error is reported, with what was expected
+            raise AssertionError(
+                f"QKVParallelLinear.weight_loader(param, loaded_weight, shard_id={shard_id!r}) raised "
+                f"{type(error).__name__}: {error} — expected a ValueError\n  inputs: {inputs}\n  hint: {why}"
+            ) from None
+        else:
+            raise AssertionError(
+                f"QKVParallelLinear.weight_loader(param, loaded_weight, shard_id={shard_id!r}) returned without an "
+                f"error: an unknown shard_id must raise ValueError\n  inputs: {inputs}\n  hint: {why}")
+        if not torch.isnan(layer.weight).all():
+            raise AssertionError(
+                f"QKVParallelLinear.weight_loader(param, loaded_weight, shard_id={shard_id!r}) raised, but only after "
+                f"writing into param: refuse an unknown shard_id before copying anything\n  inputs: {inputs}")
+
+
 @graded
 def check_qkv_weight_loader(candidate: type, seeds: Iterable[int] = range(8)) -> None:
     """`candidate` is a QKVParallelLinear subclass with the learner's `weight_loader`."""
@@ -260,45 +396,94 @@ def check_qkv_weight_loader(candidate: type, seeds: Iterable[int] = range(8)) ->
             hint = QKV_HINT
             if part.replicas > 1:
                 hint += f"; here each KV head is replicated on {part.replicas} ranks"
-            expect_same(f"QKVParallelLinear.weight_loader, weight of rank {rank} of {tp}", inputs,
-                        expected[rank]["weight"], got[rank]["weight"], hint, axis_names=("row", "column"))
-            if bias:
-                expect_same(f"QKVParallelLinear.weight_loader, bias of rank {rank} of {tp}", inputs,
-                            expected[rank]["bias"], got[rank]["bias"], hint, axis_names=("row",))
+            blocks = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows), "v": (q_rows + kv_rows, q_rows + 2 * kv_rows)}
+            for name in ("weight", "bias") if bias else ("weight",):
+                want, have = expected[rank][name], got[rank][name]
+                block_hint = _qkv_block_hint(want, have, blocks, part, rank)
+                expect_same(f"QKVParallelLinear.weight_loader, {name} of rank {rank} of {tp}", inputs, want, have,
+                            block_hint + hint, axis_names=("row", "column") if name == "weight" else ("row",))
+    for case, seed in cases:   # then the refusal of a shard_id that is not q, k or v
+        _check_unknown_shard_id(candidate, case, seed)
     passed("check_qkv_weight_loader", len(cases))
 
 
-# ---------------------------------------------------------------- the busy loop's iteration
+# ---------------------------------------------------------------- the busy loop's turn
+MAX_IDLE_TURNS = 50      # turns of an idle core with no message yet before the check calls it spinning
+BUSY_LOOP_HINT = ("_process_input_queue: with nothing to run, WAIT for one message (a blocking get); then take "
+                  "in EVERY message already queued, without waiting, each through self._handle_client_request; "
+                  "the shutdown sentinel ends the loop at once (return False, take nothing after it). "
+                  "_process_engine_step: step only when there is something to run, and put ONE EngineCoreOutputs "
+                  "on the output queue only when the step returned outputs")
+
+
+class _LoopProblem(AssertionError):
+    """A rule of the busy loop broken inside the learner's code (raised by the queue, caught by the driver)."""
+
+
 class _InputQueue(queue.Queue):
-    """The busy loop's input queue, refusing to block when blocking would hang the check (or the core)."""
+    """The busy loop's input queue, scripted. Messages the script sends `later` arrive only while the loop
+    waits in a blocking get on an idle core (as a real message arrives while the core sleeps). It refuses to
+    block where blocking would hang (the core running, or nothing left to arrive), counts polls of an empty
+    queue, and notes any take after the shutdown sentinel."""
 
     MAX_EMPTY_POLLS = 1000
 
     def __init__(self, core: Any) -> None:
         super().__init__()
         self.core = core
+        self.later: list[Any] = []
         self.empty_polls = 0
+        self.shutdown_taken = False
+        self.problem: str | None = None
+
+    def _fail(self, message: str) -> None:
+        self.problem = self.problem or message
+        raise _LoopProblem(message)
+
+    def arrive_later(self) -> None:
+        for item in self.later:
+            super().put(item)
+        self.later = []
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if self.shutdown_taken:
+            self._fail("it took from the input queue again AFTER the shutdown sentinel: once the sentinel is "
+                       "taken, the loop ends at once (return False); what is queued behind it is not handled")
+        if block and self.empty():
+            if self.core.has_unfinished_requests():
+                self._fail("it blocked on an empty input queue while the core had requests to run (generation "
+                           "would stall until the next message): wait only when has_unfinished_requests() is "
+                           "False; otherwise take what is there without waiting")
+            if not self.later:
+                self._fail("it called a blocking input_queue.get() on an empty queue with no message left to "
+                           "come (it would wait forever): after the first message, take only what is already "
+                           "queued, without waiting, and stop at queue.Empty")
+            self.arrive_later()          # the loop waits; the message arrives
         if not block and self.empty():
             self.empty_polls += 1
             if self.empty_polls > self.MAX_EMPTY_POLLS:
-                raise AssertionError(f"the busy loop polled the empty input queue {self.MAX_EMPTY_POLLS} times in "
-                                     f"one run: stop draining at the first queue.Empty (return True)")
-        if block and self.empty():
-            if self.core.has_unfinished_requests():
-                raise AssertionError("the busy loop blocked on an empty input queue while the core had requests "
-                                     "to run: block (input_queue.get()) only when has_unfinished_requests() is "
-                                     "False; otherwise take what is there with get_nowait()")
-            raise AssertionError("the busy loop called a blocking input_queue.get() on an empty queue (it would "
-                                 "wait forever): after the first message, drain with get_nowait() and stop at "
-                                 "queue.Empty")
-        return super().get(block, timeout)
+                self._fail(f"it polled the empty input queue {self.MAX_EMPTY_POLLS} times in one run: stop taking "
+                           f"messages at the first queue.Empty (return True)")
+        item = super().get(block=False)  # never really blocks (raises queue.Empty when empty)
+        if item is _shutdown_sentinel():
+            self.shutdown_taken = True
+        return item
 
 
-def _busy_loop_script(prompt_ids: list[list[int]], tag: str, seed: int | None = None) -> list[list[tuple]]:
-    """The fixed script (seed None), or a variant: other lengths for the requests whose timing the script's
-    idle iterations do not depend on, and another utility call."""
+def _shutdown_sentinel() -> Any:
+    from mini.engine import core_proc
+    return core_proc._SHUTDOWN
+
+
+LONG_PROMPT_LEN = 24     # over the busy-loop core's token budget (16): prefilled in two chunks
+BUSY_LOOP_SCRIPTS = ("the fixed script", "shutdown while busy")
+
+
+def _busy_loop_script(prompt_ids: list[list[int]], tag: str, name: str, seed: int | None = None
+                      ) -> list[tuple[list[Any], list[Any]]]:
+    """(arrives now, arrives while the loop waits) per iteration. `name` picks the script; a seed varies the
+    fixed script's lengths (of the requests whose timing its idle iterations do not depend on), its prompts
+    and its utility call."""
     from mini.engine import EngineCoreRequest
     from mini.engine.serial_utils import EngineCoreRequestType
     from mini.sampling_params import SamplingParams
@@ -310,21 +495,32 @@ def _busy_loop_script(prompt_ids: list[list[int]], tag: str, seed: int | None = 
                                     eos_token_id=None, arrival_time=0.0)
         return (EngineCoreRequestType.ADD, request)
 
-    abort = (EngineCoreRequestType.ABORT, ([f"{tag}-1"], "FINISHED_ABORTED"))
+    def abort(index: int) -> tuple:
+        return (EngineCoreRequestType.ABORT, ([f"{tag}-{index}"], "FINISHED_ABORTED"))
+
+    shutdown = _shutdown_sentinel()
+    if name == "shutdown while busy":
+        return [
+            ([add(0, 4)], []),                  # one request runs
+            ([], []),
+            ([shutdown, add(1, 2)], []),        # the shutdown, and a request behind it, while the core is busy
+        ]
     rng = random.Random(seed)
-    lengths = [5, 6, 2, 1, 8] if seed is None else [5, rng.randint(2, 8), rng.randint(1, 3), rng.randint(1, 3), 8]
-    abort4 = (EngineCoreRequestType.ABORT, ([f"{tag}-4"], "FINISHED_ABORTED"))
+    lengths = [5, 6, 2, 1] if seed is None else [5, rng.randint(2, 8), rng.randint(1, 3), rng.randint(1, 3)]
     method = "get_num_unfinished_requests" if seed is None else rng.choice(["get_num_unfinished_requests", "ping"])
     utility = (EngineCoreRequestType.UTILITY, (7, method, []))
     return [
-        [add(0, lengths[0]), add(1, lengths[1])],   # two requests at once: both must be in the first step
-        [add(2, lengths[2])],          # one more while the first two run
-        [abort, utility],              # an abort and a utility call, in that order
-        [],                            # nothing new: step on
-        [],                            # the last request finishes: the core is idle after this
-        [add(3, lengths[3])],          # the idle core blocks, wakes for a request, runs it
-        [add(4, lengths[4]), abort4],           # added and aborted at once: nothing to run, nothing to emit
-        ["SHUTDOWN"],                  # the idle core blocks, gets the shutdown: leave the loop
+        ([add(0, lengths[0]), add(1, lengths[1])], []),   # two requests at once: both in the first step
+        ([add(2, lengths[2])], []),         # one more while the first two run
+        ([abort(1), utility], []),          # an abort and a utility call, in that order
+        ([], []),                           # nothing new: step on
+        ([], []),                           # the last request finishes: the core is idle after this
+        ([], [add(3, lengths[3])]),         # the idle core waits; a request arrives while it waits
+        ([add(4, 8), abort(4)], []),        # added and aborted at once: nothing to run, nothing to emit
+        ([add(5, 2)], []),                  # a long prompt: its first prefill chunk samples no token
+        ([], []),                           # the last chunk, and the first token
+        ([], []),                           # the second token: finished, idle again
+        ([], [shutdown, add(6, 2)]),        # the idle core waits; the shutdown arrives, a request behind it
     ]
 
 
@@ -333,7 +529,8 @@ def _busy_loop_core() -> Any:
     from mini.config import EngineConfig
     from mini.engine.core import EngineCore
     return EngineCore(EngineConfig(max_model_len=64, num_gpu_blocks_override=32, max_num_seqs=4,
-                                   enable_prefix_caching=False, skip_tokenizer_init=True))
+                                   max_num_batched_tokens=16, enable_prefix_caching=False,
+                                   skip_tokenizer_init=True))
 
 
 def _summarize(item: Any) -> Any:
@@ -348,35 +545,84 @@ def _summarize(item: Any) -> Any:
     return {"outputs": {o.request_id: (list(o.new_token_ids), o.finish_reason) for o in item.outputs}}
 
 
-def _run_busy_loop(cls: type, tag: str, seed: int | None = None, max_iterations: int = 20
-                   ) -> tuple[list[Any], list[str]]:
-    from mini.engine import core_proc
+def _is_empty_outputs(item: Any) -> bool:
+    from mini.engine.serial_utils import EngineCoreOutputs
+    return (isinstance(item, EngineCoreOutputs) and not item.outputs and item.utility_output is None
+            and not item.failed_requests)
+
+
+def _describe_arrivals(now: list[Any], later: list[Any]) -> str:
+    def name(item: Any) -> str:
+        if item is _shutdown_sentinel():
+            return "SHUTDOWN"
+        kind, payload = item
+        text = f"{kind.name} {_payload_name(payload)}"
+        if hasattr(payload, "prompt_token_ids") and len(payload.prompt_token_ids) >= LONG_PROMPT_LEN:
+            text += f" (a {len(payload.prompt_token_ids)}-token prompt: chunked prefill)"
+        return text
+    parts = []
+    if now:
+        parts.append(", ".join(name(item) for item in now))
+    if later:
+        parts.append("nothing queued; while the idle loop waits: " + ", ".join(name(item) for item in later))
+    return "; ".join(parts) or "nothing arrives"
+
+
+def _run_busy_loop(cls: type, tag: str, script_name: str = "the fixed script", seed: int | None = None
+                   ) -> tuple[list[Any], list[str], tuple[int, str] | None]:
+    """(one record per iteration, what arrived before each, the first broken rule as (iteration, message))."""
     core = _busy_loop_core()
     rng = random.Random(seed)
     prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9], [10, 11, 12], [13, 14]] if seed is None else \
         [[rng.randrange(1, 4000) for _ in range(rng.randint(1, 6))] for _ in range(5)]
-    script = _busy_loop_script(prompts, tag, seed)
+    prompts += [[(7 * i) % 3000 + 1 for i in range(LONG_PROMPT_LEN)], [15, 16]]
+    script = _busy_loop_script(prompts, tag, script_name, seed)
     proc = cls.__new__(cls)
     proc.engine_core = core
     proc.input_queue = _InputQueue(core)
     proc.output_queue = queue.Queue()
     proc._stop = threading.Event()
-    steps, notes = [], []
+    steps: list[Any] = []
+    notes: list[str] = []
+    problem: tuple[int, str] | None = None
     try:
-        for index in range(min(max_iterations, len(script))):
-            arrivals = script[index]
-            for item in arrivals:
-                proc.input_queue.put(core_proc._SHUTDOWN if item == "SHUTDOWN" else item)
-            notes.append(", ".join(a if a == "SHUTDOWN" else f"{a[0].name} {_payload_name(a[1])}" for a in arrivals)
-                         or "nothing arrives")
-            keep = proc._process_input_queue()
-            if keep:
-                proc._process_engine_step()
-            emitted = []
-            while not proc.output_queue.empty():
-                emitted.append(_summarize(proc.output_queue.get_nowait()))
+        for index, (now, later) in enumerate(script):
+            for item in now:
+                proc.input_queue.put(item)
+            proc.input_queue.later = list(later)
+            notes.append(_describe_arrivals(now, later))
+            turns, emitted, keep = 0, [], True
+            while True:   # the loop's turns in this iteration: one, unless it must wait for a message
+                idle = not core.has_unfinished_requests()
+                try:
+                    keep = proc._process_input_queue()
+                    if keep:
+                        proc._process_engine_step()
+                except _LoopProblem:
+                    pass
+                turns += 1
+                while not proc.output_queue.empty():
+                    emitted.append(proc.output_queue.get_nowait())
+                if proc.input_queue.problem or not proc.input_queue.later or not keep:
+                    break
+                if not idle:          # a busy loop does not wait: the message is there for its next turn
+                    proc.input_queue.arrive_later()
+                elif turns >= MAX_IDLE_TURNS:
+                    problem = (index, (f"the loop turned {turns} times while the core had nothing to run and no "
+                                      f"message had arrived, and returned each time: it spins (a CPU core burnt "
+                                      f"at 100% while idle). With nothing to run, a turn must WAIT for the next "
+                                      f"message instead of returning"))
+                    break
+            if proc.input_queue.problem:
+                problem = (index, proc.input_queue.problem)
+            elif problem is None and any(_is_empty_outputs(item) for item in emitted):
+                problem = (index, ("it put an EngineCoreOutputs with no outputs on the output queue: a step that "
+                                  "returned no outputs (a prefill chunk samples no token; an idle core runs no "
+                                  "step) must put nothing, or the front end wakes up for an empty message"))
+            if problem is not None:
+                break
             steps.append({"keep running": bool(keep), "left in the input queue": proc.input_queue.qsize(),
-                          "emitted": emitted,
+                          "emitted": [_summarize(item) for item in emitted],
                           "unfinished": sorted(core.scheduler.requests) if hasattr(core.scheduler, "requests")
                           else core.get_num_unfinished_requests()})
             if not keep:
@@ -387,7 +633,7 @@ def _run_busy_loop(cls: type, tag: str, seed: int | None = None, max_iterations:
             core.abort_requests(leftover)
         while core.has_unfinished_requests():
             core.step()
-    return steps, notes
+    return steps, notes, problem
 
 
 def _payload_name(payload: Any) -> str:
@@ -406,26 +652,34 @@ def _strip_tag(steps: list[Any], tag: str) -> list[Any]:
 @graded
 def check_busy_loop(candidate: type, seeds: Iterable[int] = ()) -> None:
     """`candidate` is an EngineCoreProc subclass with the learner's `_process_input_queue` and
-    `_process_engine_step`; run over the scripted queue (then one variant per seed), iteration by iteration,
-    against the reference."""
+    `_process_engine_step`; run over scripted queues (the fixed script, a shutdown while busy, then one variant
+    of the fixed script per seed), iteration by iteration, against the reference. Also enforced: no spinning
+    while idle, no empty EngineCoreOutputs, nothing taken after the shutdown sentinel."""
     __tracebackhide__ = True
     from mini.engine.core_proc import EngineCoreProc
     num_cases = 0
-    for seed in [None, *seeds]:
-        expected, notes = _run_busy_loop(EngineCoreProc, "ref", seed)
+    runs = [(name, None) for name in BUSY_LOOP_SCRIPTS] + [("the fixed script", seed) for seed in seeds]
+    for script_name, seed in runs:
+        label = script_name if seed is None else f"{script_name}, variant seed {seed}"
+        expected, notes, reference_problem = _run_busy_loop(EngineCoreProc, "ref", script_name, seed)
+        assert reference_problem is None, reference_problem
         with calling("EngineCoreProc._process_input_queue / _process_engine_step",
-                     {"script": "adds, an abort, a utility call, idle, a shutdown (see the notes per iteration)",
-                      "variant": "the fixed script" if seed is None else f"seed {seed}"}):
-            got, _ = _run_busy_loop(candidate, "you", seed)
-        expect_same_steps(
-            "the busy loop" + ("" if seed is None else f" (script variant, seed {seed})"),
-            _strip_tag(expected, "ref"), _strip_tag(got, "you"),
-            hint=("_process_input_queue: when the core has nothing to run, BLOCK for one message; then handle "
-                  "EVERY queued message (get_nowait until queue.Empty) with self._handle_client_request(kind, "
-                  "payload); return False on _SHUTDOWN. _process_engine_step: step only with unfinished requests, "
-                  "and put an EngineCoreOutputs on the output queue only when the step produced outputs"),
-            context=[f"arrives before this iteration: {note}" for note in _strip_tag(notes, "ref")],
-            step_names=[f"iteration {i}" for i in range(max(len(expected), len(got)))])
+                     {"script": f"{label}: adds, an abort, a utility call, idle waits, a chunked prefill, a "
+                                "shutdown (see what arrives before each iteration)"}):
+            got, _, problem = _run_busy_loop(candidate, "you", script_name, seed)
+        what = f"the busy loop ({label})"
+        context = [f"arrives before this iteration: {note}" for note in _strip_tag(notes, "ref")]
+        names = [f"iteration {i}" for i in range(max(len(expected), len(got)) + 1)]
+        if problem is not None:
+            index, message = problem
+            expect_same_steps(what, _strip_tag(expected[:index], "ref"), _strip_tag(got[:index], "you"),
+                              hint=BUSY_LOOP_HINT, context=context, step_names=names)
+            raise AssertionError(f"{what}, iteration {index}: {message}\n  {context[index]}\n"
+                                 f"  iterations 0..{index - 1} agree with the reference\n  hint: {BUSY_LOOP_HINT}"
+                                 if index else f"{what}, iteration 0: {message}\n  {context[0]}\n"
+                                 f"  hint: {BUSY_LOOP_HINT}")
+        expect_same_steps(what, _strip_tag(expected, "ref"), _strip_tag(got, "you"), hint=BUSY_LOOP_HINT,
+                          context=context, step_names=names)
         num_cases += len(expected)
     passed("check_busy_loop", num_cases)
 
@@ -463,14 +717,18 @@ def check_get_core_engine_for_request(candidate: Any, seeds: Iterable[int] = ran
     for counts, inflight, start, clients in cases:
         inputs = {"lb_engines": counts, "engine_inflight": inflight, "eng_start_index": start,
                   "client_count": clients}
-        snapshot = ([list(c) for c in counts], list(inflight))
-        expected = reference(counts, inflight, start, clients)
+        expected = reference([list(c) for c in counts], list(inflight), start, clients)
+        arguments = ([list(c) for c in counts], list(inflight))
         with calling("get_core_engine_for_request", inputs, expected=expected):
-            got = candidate([list(c) for c in counts], list(inflight), start, clients)
+            got = candidate(arguments[0], arguments[1], start, clients)
         expect_same("get_core_engine_for_request", inputs, expected, got, hint)
-        if ([list(c) for c in counts], list(inflight)) != snapshot:
-            raise AssertionError("get_core_engine_for_request changed its inputs; it must only choose (the "
-                                 "balancer updates the counts)")
+        for name, before, after in (("lb_engines", counts, arguments[0]), ("engine_inflight", inflight, arguments[1])):
+            if after != before:
+                raise AssertionError(
+                    f"get_core_engine_for_request changed its inputs: {name} was {before} before the call and is "
+                    f"{after} after it\n  inputs: {inputs}\n  hint: it only chooses and returns an index; the "
+                    f"lists are the balancer's state (DPLoadBalancer.route bumps the chosen core's waiting count "
+                    f"itself, after the call), so a change here is counted twice or leaks into the next choice")
     # A stream of requests through the balancer: its updates (the chosen core's waiting count, the scan start
     # rotating, the in-flight counts) feed the next choice.
     for seed in [0, *seeds][:6]:
@@ -503,7 +761,10 @@ PHASE = Phase("15_across_processes", (
     Exercise("VocabParallelEmbedding", check_vocab_parallel_embedding, points=3,
              grade_id="test-vocab-parallel-embedding", part="VocabParallelEmbedding"),
     Exercise("QKVParallelLinear", check_qkv_weight_loader, points=3, grade_id="test-qkv-weight-loader", part=None),
-    Exercise("EngineCoreProc", check_busy_loop, points=4, grade_id="test-busy-loop", part=None),
+    Exercise("EngineCoreProc", check_busy_loop, points=4, grade_id="test-busy-loop", part=None,
+             design="the busy loop's turn: when to wait on the input queue, what to take in, when to step and what "
+                    "to emit, derived from five rules (no spinning when idle, no waiting when busy, everything in "
+                    "before the step, shutdown at once, one message per productive step)"),
     Exercise("get_core_engine_for_request", check_get_core_engine_for_request, points=2,
              grade_id="test-get-core-engine-for-request", part="get_core_engine_for_request"),
 ))
