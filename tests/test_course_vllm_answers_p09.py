@@ -12,7 +12,11 @@ Read from `$MINI_VLLM_SOURCE` (skipped without it); adapted only in their call s
   `LogitsProcessorConfig.max_num_reqs` under that name.
 * `condense` has no runnable counterpart: vLLM's `InputBatch.condense` (vllm/v1/worker/gpu_input_batch.py)
   moves every per-request array of vLLM's much larger InputBatch (token ids, sampling tensors, ...), which
-  mini's InputBatch does not have; the rule it follows (the highest row into the lowest hole) is the same.
+  mini's InputBatch does not have. The check grades the invariants, which its rule (the highest row into the
+  lowest hole) keeps, and it accepts vLLM's way of reporting the step (each filled hole taken out of `removed`
+  with `pop_removed`): tests/test_course_wrong_answers_p09.py::test_another_valid_condense_passes.
+* The processor checks feed BatchUpdates built both ways (`removed` as vLLM's code builds it, and as mini's
+  builder and vLLM's design document do), with EOS among most requests' stop tokens.
 """
 
 from __future__ import annotations
