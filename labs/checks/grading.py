@@ -93,6 +93,14 @@ def graded(check: Callable[..., None]) -> Callable[..., None]:
 _warmed: set[str] = set()
 
 
+def import_engine_stack() -> None:
+    """A `WARM_UP` builder for checks that build engines: the imports an engine needs (transformers' among
+    them, about 2 s), done once in the parent instead of in every child."""
+    import transformers  # noqa: F401
+
+    import mini.entrypoints.llm  # noqa: F401
+
+
 def warm_up(module_name: str) -> None:
     """Run the `WARM_UP` builders of a checks module once in this process (see the module docstring)."""
     if module_name in _warmed:

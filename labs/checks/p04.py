@@ -780,6 +780,10 @@ def check_update_states(update_states: Callable, seeds: Iterable[int] = range(3)
     passed("check_update_states", num_steps)
 
 
+# Built once in the grading process before it forks a child per check (labs/checks/grading.py).
+WARM_UP = (tiny_models, _small_model)
+
+
 PHASE = Phase("04_model_runner", (
     Exercise("rms_norm", check_rms_norm, points=3, grade_id="test-rms-norm", part="rms_norm"),
     Exercise("apply_rotary", check_apply_rotary, points=2, grade_id="test-apply-rotary", part="apply_rotary"),

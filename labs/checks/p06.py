@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, passed
-from labs.checks.grading import graded
+from labs.checks.grading import graded, import_engine_stack
 from labs.manifest import Exercise, Phase
 from mini.config import SHIPPED_MODEL_DIR
 from mini.core.request import Request, RequestStatus
@@ -911,6 +911,10 @@ def check_beam_search_step(beam_search_step: Callable, seeds: Iterable[int] = ra
                          inputs, sorted(step_table[position].logprobs[-1]), sorted(beam.logprobs[-1]),
                          "append the WHOLE logprobs dict the engine returned for the parent beam, as vLLM does")
     passed("check_beam_search_step", len(cases))
+
+
+# Built once in the grading process before it forks a child per check (labs/checks/grading.py).
+WARM_UP = (shipped_tokenizer, llama_style_tokenizer, import_engine_stack)
 
 
 PHASE = Phase("06_engine_loop", (

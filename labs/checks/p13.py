@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labs.checks.common import calling, expect_equal, expect_same, first_difference, passed
-from labs.checks.grading import graded
+from labs.checks.grading import graded, import_engine_stack
 from labs.manifest import Exercise, Phase
 from mini.engine import EngineCoreOutput
 from mini.engine.async_llm import RequestOutputCollector
@@ -746,7 +746,7 @@ def plug_serving(output_handler_step: Callable, generate_stream: Callable, max_t
 
 
 # Built once in the grading process before it forks a child per check (labs/checks/grading.py).
-WARM_UP = (_tokenizer, _word_tokens)
+WARM_UP = (_tokenizer, _word_tokens, import_engine_stack)
 
 PHASE = Phase("13_serving", (
     Exercise("merge_delta_outputs", check_merge_delta_outputs, points=2, grade_id="test-merge-delta-outputs"),

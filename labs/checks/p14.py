@@ -26,7 +26,7 @@ from typing import Any
 
 from labs.assemble import CheckResult, find_breaking_component, first_divergence, phase_scores
 from labs.checks.common import calling, counterexample, expect_equal, passed
-from labs.checks.grading import graded
+from labs.checks.grading import graded, import_engine_stack
 from labs.manifest import Exercise, Phase
 
 # ---------------------------------------------------------------- first_divergence
@@ -384,6 +384,10 @@ def check_phase_scores(phase_scores_fn: Callable, seeds: Iterable[int] = range(2
                 inputs["where they differ"] = where
             expect_equal("phase_scores(results), in order", inputs, expected, got_items, hint)
     passed("check_phase_scores", len(cards))
+
+
+# Imported once in the grading process before it forks a child per check (labs/checks/grading.py).
+WARM_UP = (import_engine_stack,)
 
 
 PHASE = Phase("14_capstone", (

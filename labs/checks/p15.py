@@ -46,7 +46,7 @@ import torch
 
 from labs.checks.common import calling, expect_same, expect_same_steps, passed
 from labs.checks.fake_tp_group import run_ranks
-from labs.checks.grading import graded
+from labs.checks.grading import graded, import_engine_stack
 from labs.manifest import Exercise, Phase
 from mini import roles
 from mini.model import parallel_linear, vocab_parallel_embedding
@@ -753,6 +753,10 @@ def check_get_core_engine_for_request(candidate: Any, seeds: Iterable[int] = ran
                           [[c] for c in runs[0]], [[c] for c in runs[1]], hint=hint,
                           step_names=[f"request {i}" for i in range(12)])
     passed("check_get_core_engine_for_request", len(cases))
+
+
+# Imported once in the grading process before it forks a child per check (labs/checks/grading.py).
+WARM_UP = (import_engine_stack,)
 
 
 PHASE = Phase("15_across_processes", (
