@@ -55,6 +55,28 @@ def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
     return new_tokens
 '''
 
+PREFILL_ALL_BUT_THE_LAST = '''
+def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
+    out = model(input_ids=torch.tensor([list(prompt_token_ids[:-1])]), use_cache=True)
+    new_tokens, last = [], prompt_token_ids[-1]
+    while len(new_tokens) < max_new_tokens:
+        out = model(input_ids=torch.tensor([[last]]), cache=out.cache, use_cache=True)
+        last = int(out.logits[0, -1].argmax())
+        new_tokens.append(last)
+    return new_tokens
+'''
+
+APPENDS_TO_THE_PROMPT = '''
+def generate_with_kv_cache(model, prompt_token_ids, max_new_tokens):
+    ids = prompt_token_ids
+    out = model(input_ids=torch.tensor([ids]), use_cache=True)
+    ids.append(int(out.logits[0, -1].argmax()))
+    for _ in range(max_new_tokens - 1):
+        out = model(input_ids=torch.tensor([ids[-1:]]), cache=out.cache, use_cache=True)
+        ids.append(int(out.logits[0, -1].argmax()))
+    return ids[len(ids) - max_new_tokens:]
+'''
+
 WRONG = [
     # kv_bytes_per_block
     Wrong("kv_bytes_per_block", "no factor 2 for K and V",
@@ -69,7 +91,25 @@ WRONG = [
     Wrong("kv_bytes_per_block", "per token, not per block",
           edit=("hf_config.num_hidden_layers * config.block_size *", "hf_config.num_hidden_layers *"),
           expect="a block holds block_size tokens"),
+    Wrong("kv_bytes_per_block", "true division: a float", edit=("hf_config.hidden_size // num_heads",
+                                                                  "hf_config.hidden_size / num_heads"),
+          expect="of the wrong type"),
+    Wrong("kv_bytes_per_block", "two bytes per number whatever the dtype",
+          edit=("element_size = torch.empty((), dtype=config.torch_dtype).element_size()", "element_size = 2"),
+          expect="the element size comes from config.torch_dtype"),
+    Wrong("kv_bytes_per_block", "one layer only",
+          edit=("return 2 * hf_config.num_hidden_layers * ", "return 2 * "), expect="a block spans every layer"),
+    Wrong("kv_bytes_per_block", "head_dim read without a fallback",
+          edit=('head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads',
+                "head_size = hf_config.head_dim"), expect="Qwen2's has no head_dim attribute"),
     # generate_naive
+    Wrong("generate_naive", "appends to the caller's prompt list",
+          edit=("ids = list(prompt_token_ids)", "ids = prompt_token_ids"), expect="changed the list it was given"),
+    Wrong("generate_naive", "argmax over the whole logits tensor",
+          edit=("token = int(logits[0, -1].argmax())", "token = int(logits.argmax())"), expect="ONE position's row"),
+    Wrong("generate_naive", "a 1-D input_ids tensor",
+          edit=("logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits",
+                "logits = model(input_ids=torch.tensor(ids), use_cache=False).logits"), expect="shape [1, n]"),
     Wrong("generate_naive", "returns the prompt too",
           edit=("    return new_tokens\n", "    return ids\n"), expect="return ONLY the new token ids"),
     Wrong("generate_naive", "feeds only the newest token",
@@ -95,6 +135,13 @@ WRONG = [
           expect="feed ONLY the newest token"),
     Wrong("generate_with_kv_cache", "one model call too many", source=ONE_CALL_TOO_MANY,
           expect="one call per token"),
+    Wrong("generate_with_kv_cache", "prefills all but the last prompt token, then feeds it",
+          source=PREFILL_ALL_BUT_THE_LAST, expect="prefill the prompt once"),
+    Wrong("generate_with_kv_cache", "appends to the caller's prompt list", source=APPENDS_TO_THE_PROMPT,
+          expect="changed the list it was given"),
+    Wrong("generate_with_kv_cache", "the first token from the prompt's first position",
+          edit=("new_tokens = [int(out.logits[0, -1].argmax())]", "new_tokens = [int(out.logits[0, 0].argmax())]"),
+          expect="the LAST position"),
 ]
 
 

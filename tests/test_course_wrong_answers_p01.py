@@ -48,6 +48,88 @@ WALKING_REMOVE = '''
             node = node.next_free_block
         before, after = block.prev_free_block, block.next_free_block'''
 
+ASSERT_INSTEAD_OF_VALUE_ERROR = '''
+def get_new_blocks(self, num_blocks):
+    assert num_blocks <= self.get_num_free_blocks(), "not enough free blocks"
+    blocks = self.free_block_queue.popleft_n(num_blocks)
+    for block in blocks:
+        block.ref_cnt = 1
+    return blocks
+'''
+
+FEWER_BLOCKS_SILENTLY = '''
+def get_new_blocks(self, num_blocks):
+    blocks = self.free_block_queue.popleft_n(min(num_blocks, self.get_num_free_blocks()))
+    for block in blocks:
+        block.ref_cnt = 1
+    return blocks
+'''
+
+NEW_BLOCKS_BEFORE_THE_HITS = '''
+def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None):
+    new_computed_blocks = list(new_computed_blocks or [])
+    held = self.req_to_blocks.get(request.request_id, [])
+    num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+    num_to_allocate = max(0, cdiv(num_tokens, self.block_size) - len(held) - len(new_computed_blocks))
+    num_free_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+    if num_to_allocate > self.block_pool.get_num_free_blocks() - num_free_hits:
+        return None
+    blocks = self.req_to_blocks.setdefault(request.request_id, [])
+    new_blocks = self.block_pool.get_new_blocks(num_to_allocate)   # before the hits leave the free queue
+    if new_computed_blocks:
+        self.block_pool.touch(new_computed_blocks)
+        blocks.extend(new_computed_blocks)
+    blocks.extend(new_blocks)
+    return new_blocks
+'''
+
+# prepend_n spliced in with the list's last block: right for every non-empty list, an IndexError on [].
+PREPEND_SPLICE_BODY = (
+    """        before = self.fake_free_list_head
+        for block in blocks:
+            after = before.next_free_block
+            before.next_free_block = block
+            block.prev_free_block = before
+            block.next_free_block = after
+            after.prev_free_block = block
+            self.num_free_blocks += 1
+            before = block
+""",
+    """        old_first = self.fake_free_list_head.next_free_block
+        before = self.fake_free_list_head
+        for block in blocks:
+            before.next_free_block = block
+            block.prev_free_block = before
+            before = block
+        blocks[-1].next_free_block = old_first
+        old_first.prev_free_block = blocks[-1]
+        self.num_free_blocks += len(blocks)
+""")
+
+FREE_BLOCKS_IN_TWO_PASSES = '''
+def free_blocks(self, ordered_blocks):
+    for block in ordered_blocks:
+        if not block.is_null:
+            block.ref_cnt -= 1
+    freed = [block for block in ordered_blocks if not block.is_null and block.ref_cnt == 0]
+    self.free_block_queue.prepend_n([b for b in freed if b.block_hash is None or not self.enable_caching])
+    self.free_block_queue.append_n([b for b in freed if b.block_hash is not None and self.enable_caching])
+'''
+
+FREE_BLOCKS_BY_INDEX = '''
+def free_blocks(self, ordered_blocks):
+    reuse_first, reuse_last = [], []
+    for i in range(len(ordered_blocks)):
+        block = ordered_blocks[i]
+        if block.is_null:
+            continue
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            (reuse_first if block.block_hash is None or not self.enable_caching else reuse_last).append(block)
+    self.free_block_queue.prepend_n(reuse_first)
+    self.free_block_queue.append_n(reuse_last)
+'''
+
 WRONG = [
     # ---- FreeKVCacheBlockQueue
     Wrong("FreeKVCacheBlockQueue", "python list, no links or sentinels", source=LIST_BACKED_QUEUE,
@@ -146,6 +228,34 @@ def free_blocks(self, ordered_blocks):
                 "    if num_to_allocate > self.block_pool.get_num_free_blocks():")),
     Wrong("allocate_slots", "returns every block of the request", expect="NEW blocks",
           edit=("    return new_blocks\n", "    return blocks\n")),
+    # ---- issue 38: plausible mistakes the checks must also locate
+    Wrong("FreeKVCacheBlockQueue", "popleft on an empty queue returns None", expect="must raise ValueError",
+          edit=('            raise ValueError("popleft() on an empty free-block queue")', "            return None")),
+    Wrong("FreeKVCacheBlockQueue", "remove does not count", expect="num_free_blocks",
+          edit=("        self.num_free_blocks -= 1\n", "")),
+    Wrong("get_new_blocks", "refuses to hand out the last free block", expect="must succeed",
+          edit=("    if num_blocks > self.get_num_free_blocks():", "    if num_blocks >= self.get_num_free_blocks():")),
+    Wrong("get_new_blocks", "an assert instead of ValueError", source=ASSERT_INSTEAD_OF_VALUE_ERROR,
+          expect="got AssertionError (an assert?)"),
+    Wrong("get_new_blocks", "hands out fewer blocks instead of refusing", source=FEWER_BLOCKS_SILENTLY,
+          expect="expected ValueError, nothing was raised"),
+    Wrong("get_new_blocks", "returns the blocks last popped first", expect="in the wrong order",
+          edit=("    return blocks\n", "    return blocks[::-1]\n")),
+    Wrong("free_blocks", "with caching on, every uncached block goes to the tail", expect="HEAD",
+          edit=("            if block.block_hash is None or not self.enable_caching:",
+                "            if not self.enable_caching:")),
+    Wrong("allocate_slots", "rounds the blocks needed down", expect="a partly filled last block counting whole",
+          edit=("cdiv(num_tokens, self.block_size)", "num_tokens // self.block_size")),
+    Wrong("allocate_slots", "forgets the tokens computed before", expect="computed before",
+          edit=("    num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens",
+                "    num_tokens = num_new_computed_tokens + num_new_tokens")),
+    Wrong("allocate_slots", "new blocks taken before the hits are touched", source=NEW_BLOCKS_BEFORE_THE_HITS,
+          expect="after the hits have been touched"),
+    Wrong("FreeKVCacheBlockQueue", "prepend_n splices with blocks[-1]: fails on an empty list",
+          edit=PREPEND_SPLICE_BODY, expect="prepend_n([]) must change nothing"),
+    Wrong("free_blocks", "walks ordered_blocks twice", source=FREE_BLOCKS_IN_TWO_PASSES, expect="walk it once"),
+    Wrong("free_blocks", "len() and indexing on ordered_blocks", source=FREE_BLOCKS_BY_INDEX,
+          expect="no len() and no indexing"),
     # ---- issue 26: the state comparisons name the first differing entry, not two whole dicts
     Wrong("free_blocks", "cached blocks to the head too", expect="first difference at ['free_queue'][",
           edit=("            if block.block_hash is None or not self.enable_caching:", "            if True:")),

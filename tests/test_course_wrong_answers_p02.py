@@ -33,6 +33,40 @@ def prepare_inputs(token_ids, num_computed_tokens, num_scheduled_tokens, block_i
         block_table=block_table, logits_indices=query_start_loc[1:].long() - 1)
 '''
 
+QSL_WITHOUT_THE_TOTAL = '''
+def compute_query_start_loc(num_scheduled_tokens):
+    counts = torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int32)
+    return (torch.cumsum(counts, 0) - counts).to(torch.int32)
+'''
+
+QSL_AS_A_LIST = '''
+def compute_query_start_loc(num_scheduled_tokens):
+    offsets = [0]
+    for count in num_scheduled_tokens:
+        offsets.append(offsets[-1] + count)
+    return offsets
+'''
+
+QSL_INSERTS_INTO_THE_CALLERS_LIST = '''
+def compute_query_start_loc(num_scheduled_tokens):
+    num_scheduled_tokens.insert(0, 0)
+    return torch.cumsum(torch.as_tensor(num_scheduled_tokens, dtype=torch.int32), 0).to(torch.int32)
+'''
+
+SLOTS_DIVIDE_POSITIONS_IN_PLACE = '''
+def compute_slot_mapping(block_table, req_indices, positions, block_size):
+    positions = positions.long()
+    offsets = positions % block_size
+    positions //= block_size
+    return block_table[req_indices.long(), positions].long() * block_size + offsets
+'''
+
+SLOTS_BLOCK_SIZE_4 = '''
+def compute_slot_mapping(block_table, req_indices, positions, block_size):
+    positions = positions.long()
+    return block_table[req_indices.long(), positions // 4].long() * 4 + positions % 4
+'''
+
 WRONG = [
     Wrong("compute_query_start_loc", "no leading 0",
           edit=("torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(counts, 0).to(torch.int32)])",
@@ -76,6 +110,44 @@ WRONG = [
           expect="prepare_inputs(...).logits_indices"),
     Wrong("prepare_inputs", "torch.cat of per-request tensors fails on an empty batch", source=CAT_PER_REQUEST,
           expect="`prepare_inputs` raised"),
+    # ---- issue 38: more plausible mistakes, each located
+    Wrong("compute_query_start_loc", "B offsets: the total left out", source=QSL_WITHOUT_THE_TOTAL,
+          expect="the last entry is the total number of tokens"),
+    Wrong("compute_query_start_loc", "a Python list", source=QSL_AS_A_LIST, expect="expected a torch.Tensor, got list"),
+    Wrong("compute_query_start_loc", "inserts the leading 0 into the caller's list",
+          source=QSL_INSERTS_INTO_THE_CALLERS_LIST, expect="changed its input num_scheduled_tokens in place"),
+    Wrong("compute_positions", "int32 positions",
+          edit=("return computed[req_indices] + offsets", "return (computed[req_indices] + offsets).int()"),
+          expect="compute_positions dtype"),
+    Wrong("compute_positions", "one arange over all tokens, not restarted per request",
+          edit=("offsets = torch.arange(int(scheduled.sum())) - first_row[req_indices]",
+                "offsets = torch.arange(int(scheduled.sum()))"),
+          expect="first difference at [5]: expected 0, got 5"),
+    Wrong("compute_slot_mapping", "divides positions in place", source=SLOTS_DIVIDE_POSITIONS_IN_PLACE,
+          expect="changed its input positions in place"),
+    Wrong("compute_slot_mapping", "the logical block number, not the block table's",
+          edit=("block_numbers = block_table[req_indices.long(), positions // block_size].long()",
+                "block_numbers = positions // block_size"),
+          expect="the block ids come from block_table"),
+    Wrong("compute_slot_mapping", "the whole position as the offset",
+          edit=("return block_numbers * block_size + positions % block_size",
+                "return block_numbers * block_size + positions"),
+          expect="first difference at [4]: expected 8, got 12"),
+    Wrong("compute_slot_mapping", "block_size 4 hard-coded (the worked example's)", source=SLOTS_BLOCK_SIZE_4,
+          expect="the block size from the argument"),
+    Wrong("prepare_inputs", "seq_lens from the whole token list",
+          edit=("seq_lens = [start + count for start, count in zip(num_computed_tokens, num_scheduled_tokens)]",
+                "seq_lens = [len(tokens) for tokens in token_ids]"),
+          expect="under chunked prefill fewer than len(token_ids[i])"),
+    Wrong("prepare_inputs", "input ids from the start of each token list",
+          edit=("for token in tokens[start:start + count]", "for token in tokens[:count]"),
+          expect="prepare_inputs(...).input_ids"),
+    Wrong("prepare_inputs", "logits_indices one past each request's last row",
+          edit=("logits_indices=query_start_loc[1:].long() - 1", "logits_indices=query_start_loc[1:].long()"),
+          expect="below T"),
+    Wrong("prepare_inputs", "int64 seq_lens",
+          edit=("seq_lens=torch.as_tensor(seq_lens, dtype=torch.int32)", "seq_lens=torch.as_tensor(seq_lens)"),
+          expect="prepare_inputs(...).seq_lens dtype"),
 ]
 
 

@@ -10,6 +10,8 @@ positions that cache held: the whole sequence every time without a cache; the pr
 per call on a cache of every earlier position with one), then token by token. A failure names the prompt,
 the first model call or the first token (step) where the learner's run and the reference part, and a hint
 naming the concept (feeding only the new token, the cache's positions, the stopping rule, the last position).
+Both loops must hand the caller's prompt list back unchanged; `kv_bytes_per_block` must return an int (a float
+or a tensor of the right value fails, naming the type), and a wrong count names the factor that is off.
 
 vLLM counterparts: `kv_bytes_per_block` is `AttentionSpec.page_size_bytes` (vllm/v1/kv_cache_interface.py)
 summed over the layers, with the head size and KV heads of vllm/transformers_utils/model_arch_config_convertor.py;
@@ -26,7 +28,14 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import calling, expect_equal, expect_same_steps, passed, tiny_llama_config
+from labs.checks.common import (
+    calling,
+    counterexample,
+    expect_equal,
+    expect_same_steps,
+    passed,
+    tiny_llama_config,
+)
 from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
@@ -107,31 +116,60 @@ def _kv_cases(seeds: Iterable[int]) -> list[tuple[dict[str, Any], dict[str, Any]
     return cases
 
 
-KV_HINT = ("2 (K and V) x layers x block_size x kv heads x head size x bytes per element; "
-           "head size is hf_config.head_dim when set, else hidden_size // num_attention_heads")
+KV_HINT = ("count what one block holds: for every layer and every one of its block_size tokens, a key and a "
+           "value for each KV head, each head-size numbers of config.torch_dtype (compare with the worked "
+           "examples' table: Llama-3.1-8B in bf16 is 131072 bytes per token)")
+KV_RAISE_HINT = ("not every config has every field: Qwen2's has no head_dim attribute at all (then the head size "
+                 "follows from hidden_size and the query heads); config.torch_dtype is the torch dtype "
+                 "(config.dtype is its name, a string)")
 
 
-def _kv_hint(expected: int, got: Any, model_config: Any, block_size: int) -> str:
-    """Name the factor that is off (K and V, KV heads, head size, block size), then the rule."""
-    if not isinstance(got, (int, float)) or not got:
+def _kv_hint(expected: int, got: Any, model_config: Any, block_size: int, element_size: int) -> str:
+    """Name the factor that is off (K and V, KV heads, head size, block size, layers, element size): every slip
+    whose value matches, then what a block holds."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not got:
         return KV_HINT
     heads = model_config.num_attention_heads
     kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
     head_dim = getattr(model_config, "head_dim", None)
     default_head = model_config.hidden_size // heads
+    layers = model_config.num_hidden_layers
     slips = [
         (expected / 2, "half the bytes: a block stores a key AND a value per token, head and layer (the factor 2)"),
         (expected * heads / kv_heads if kv_heads != heads else None,
-         "the cache stores the KV heads (num_key_value_heads), not the query heads: grouped-query attention"),
+         ("the cache stores the KV heads (num_key_value_heads), not the query heads: grouped-query attention "
+          "(and without head_dim a head's size divides hidden_size among the QUERY heads)")),
         (expected * default_head / head_dim if head_dim and head_dim != default_head else None,
          "the head size is hf_config.head_dim when the config sets it (Qwen3 does), not hidden_size // heads"),
         (expected / block_size if block_size != 1 else None,
          "that is one token's bytes: a block holds block_size tokens"),
+        (expected / layers if layers != 1 else None, "that is one layer's bytes: a block spans every layer"),
+        *((expected * assumed / element_size,
+           (f"that counts {assumed} bytes per number, but this case's dtype takes {element_size}: the element "
+            "size comes from config.torch_dtype")) for assumed in (1, 2, 4, 8) if assumed != element_size),
     ]
-    for value, hint in slips:
-        if value is not None and got == value:
-            return f"{hint}. {KV_HINT}"
-    return KV_HINT
+    matches = [hint for value, hint in slips if value is not None and got == value]
+    return f"{' or '.join(matches)}. {KV_HINT}" if matches else KV_HINT
+
+
+def _expect_int(inputs: dict[str, Any], expected: int, got: Any) -> None:
+    """Bytes are a Python int: the engine divides its memory by them to count blocks."""
+    import numbers
+
+    if isinstance(got, numbers.Integral) and not isinstance(got, bool):
+        return
+    raise AssertionError(counterexample(
+        "kv_bytes_per_block", inputs, f"{expected} (int)", f"{got!r} ({type(got).__name__})",
+        "the right number, of the wrong type: return a Python int (bytes). A true division (/) gives a float, "
+        "torch arithmetic a tensor; the engine divides its memory by this number to count whole blocks"))
+
+
+def _same_number(expected: int, got: Any) -> bool:
+    """`got == expected` as a plain bool (a tensor's `==` is a tensor; anything odd is simply unequal)."""
+    try:
+        return bool(got == expected)
+    except Exception:  # noqa: BLE001 - a learner's odd return value is a wrong answer, not a crash
+        return False
 
 
 @graded
@@ -142,10 +180,13 @@ def check_kv_bytes_per_block(kv_bytes_per_block: Callable, seeds: Iterable[int] 
         model_config = hf_config(**model_fields)
         inputs = {"config": engine_fields, "hf_config": model_fields}
         expected = LLMEngine.kv_bytes_per_block(config, model_config)
-        with calling("kv_bytes_per_block", inputs, expected=expected):
+        element_size = torch.empty((), dtype=config.torch_dtype).element_size()
+        with calling("kv_bytes_per_block", inputs, expected=expected, hint=KV_RAISE_HINT):
             got = kv_bytes_per_block(config, model_config)
         expect_equal("kv_bytes_per_block", inputs, expected, got,
-                     _kv_hint(expected, got, model_config, engine_fields["block_size"]))
+                     _kv_hint(expected, got, model_config, engine_fields["block_size"], element_size),
+                     equal=_same_number)
+        _expect_int(inputs, expected, got)
     passed("check_kv_bytes_per_block", len(cases))
 
 
@@ -305,6 +346,22 @@ def _check_tokens(name: str, cached: bool, inputs: dict[str, Any], expected: lis
     raise AssertionError("\n".join(lines))
 
 
+LOOP_RAISE_HINT = ("the model takes input_ids of shape [1, n] (a batch of one sequence of n token ids) and returns "
+                   "logits of shape [1, n, vocab]; a new token id is the argmax over the vocabulary of ONE position's "
+                   "row (an argmax over the whole tensor is a flat index, not a token id)")
+
+
+def _check_prompt_unchanged(name: str, inputs: dict[str, Any], prompt: list[int], given: Any) -> None:
+    """The caller's list must come back as it was: the engine (and the plug cell) reuse the prompt."""
+    __tracebackhide__ = True
+    if given != prompt:
+        raise AssertionError(
+            f"{name} changed the list it was given: prompt_token_ids was {prompt}, after your call it is "
+            f"{given!r}"[:400] + "\n  hint: the tokens are right, but the caller's prompt_token_ids must come back "
+            "unchanged (the caller reuses it: the plug cell runs the engine on the same list). Append the new "
+            "tokens to a copy of the prompt, not to the list you were given")
+
+
 def _check_loop(name: str, loop: Callable, seeds: Iterable[int], cached: bool) -> int:
     model = tiny_llama()
     cases = _loop_cases(seeds)
@@ -312,15 +369,17 @@ def _check_loop(name: str, loop: Callable, seeds: Iterable[int], cached: bool) -
         inputs = {"prompt_token_ids": prompt, "max_new_tokens": max_new_tokens}
         expected = reference_greedy(model, prompt, max_new_tokens)
         recorder = _CallRecorder(model)
+        given = list(prompt)
         try:
-            with calling(name, inputs, expected=expected), torch.no_grad():
-                got = loop(model, list(prompt), max_new_tokens)
+            with calling(name, inputs, expected=expected, hint=LOOP_RAISE_HINT), torch.no_grad():
+                got = loop(model, given, max_new_tokens)
         finally:
             recorder.remove()
         got = got.tolist() if isinstance(got, torch.Tensor) else got
         got = list(got) if isinstance(got, tuple) else got
         _check_calls(name, cached, inputs, _expected_calls(cached, len(prompt), max_new_tokens), recorder.calls)
         _check_tokens(name, cached, inputs, expected, got)
+        _check_prompt_unchanged(name, inputs, prompt, given)
     return len(cases)
 
 
@@ -342,5 +401,7 @@ def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterab
 PHASE = Phase("00_autoregressive_loop", (
     Exercise("kv_bytes_per_block", check_kv_bytes_per_block, points=2, grade_id="test-kv-bytes"),
     Exercise("generate_naive", check_generate_naive, points=2, grade_id="test-generate-naive"),
-    Exercise("generate_with_kv_cache", check_generate_with_kv_cache, points=4, grade_id="test-generate-with-kv-cache"),
+    Exercise("generate_with_kv_cache", check_generate_with_kv_cache, points=4, grade_id="test-generate-with-kv-cache",
+             design="the cached loop's call schedule (what each call is fed, with which cache, when to stop) from "
+                    "two rules: no position computed twice, no call whose result goes unused"),
 ))

@@ -8,7 +8,12 @@
 Each check replays the same operations on a reference object and on one using the learner's code,
 and compares the observable state (returned block ids, ref counts, free-queue order) after each. The
 queue check also walks the links (`prev_free_block` / `next_free_block`, the sentinels
-`fake_free_list_head` / `fake_free_list_tail`, vLLM's names) and counts the work each O(1) operation does.
+`fake_free_list_head` / `fake_free_list_tail`, vLLM's names) and counts the work each O(1) operation does;
+its fixed case ends with `prepend_n([])` and `append_n([])`, which the pool calls whenever nothing goes to that
+end. `free_blocks` is given a one-pass iterator, as the manager's `reversed(blocks)`. `allocate_slots` replays
+a fixed sequence (prefix hits, a refusal, a hit that sits in the free queue, a prompt computed in chunks), then
+random ones; a wrong return value is explained with that call's numbers. Whatever the learner's code returns or
+leaves in its state, the checks report it (a wrong answer never crashes them).
 
 vLLM v0.33.0's own `FreeKVCacheBlockQueue`, `BlockPool.get_new_blocks` and `BlockPool.free_blocks`
 (vllm/v1/core/kv_cache_utils.py, vllm/v1/core/block_pool.py) pass these checks
@@ -35,8 +40,20 @@ from mini.core.request import Request
 from mini.sampling_params import SamplingParams
 
 
-def _ids(blocks: Iterable[KVCacheBlock] | None) -> list[int] | None:
-    return None if blocks is None else [block.block_id for block in blocks]
+def _ids(blocks: Iterable[KVCacheBlock] | None) -> Any:
+    """The block ids of `blocks` (None stays None). Tolerant of a learner's odd value: an entry that is not a
+    block is shown as it is, and a value that is not a list of blocks at all is returned unchanged, so that
+    the comparison that follows reports it instead of the check crashing."""
+    if blocks is None:
+        return None
+    try:
+        return [_block_id(block) for block in blocks]
+    except TypeError:
+        return blocks
+
+
+def _block_id(block: Any) -> Any:
+    return getattr(block, "block_id", block)
 
 
 def _pool_state(pool: BlockPool) -> dict[str, Any]:
@@ -88,7 +105,7 @@ def _queue_ops(rng: random.Random, num_blocks: int, num_ops: int) -> list[tuple]
 def _apply_queue_op(queue: Any, blocks: list[KVCacheBlock], op: tuple) -> Any:
     name = op[0]
     if name == "popleft":
-        return queue.popleft().block_id
+        return _block_id(queue.popleft())
     if name == "popleft_n":
         return _ids(queue.popleft_n(op[1]))
     if name == "remove":
@@ -102,6 +119,14 @@ def _apply_queue_op(queue: Any, blocks: list[KVCacheBlock], op: tuple) -> Any:
 
 def _link_problem(queue: Any, blocks: list[KVCacheBlock]) -> str | None:
     """What is wrong with the links of `queue` (None when they are a proper doubly linked list)."""
+    try:
+        return _walk_links(queue, blocks)
+    except Exception as error:  # noqa: BLE001 - odd links are a wrong answer to report, not a crash
+        return (f"walking the links from fake_free_list_head raised {type(error).__name__}: {error} (every link "
+                "must be a KVCacheBlock: a neighbour, a sentinel, or None outside the queue)")
+
+
+def _walk_links(queue: Any, blocks: list[KVCacheBlock]) -> str | None:
     head = getattr(queue, "fake_free_list_head", None)
     tail = getattr(queue, "fake_free_list_tail", None)
     if not isinstance(head, KVCacheBlock) or not isinstance(tail, KVCacheBlock):
@@ -131,8 +156,28 @@ def _queue_state(queue: Any) -> dict[str, Any]:
     return {"num_free_blocks": queue.num_free_blocks, "free queue (head -> tail)": _ids(queue.get_all_free_blocks())}
 
 
+def _lab_queue_state(queue: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The learner's queue state, read as the learner's code: a missing attribute or a raising
+    get_all_free_blocks is reported (with the operations so far), never a crash of the check."""
+    with calling("FreeKVCacheBlockQueue", inputs,
+                 hint="the check reads num_free_blocks (an attribute kept up to date by every operation) and "
+                      "get_all_free_blocks() (the free blocks, head to tail) after every operation"):
+        return _queue_state(queue)
+
+
 _LINKS_HINT = ("every operation keeps the list doubly linked: a free block's prev_free_block and next_free_block "
                "are its neighbours (a sentinel at either end), and a block that leaves the queue gets None in both")
+
+
+def _empty_list_note(op: tuple) -> str:
+    if op[0] in ("prepend_n", "append_n") and not op[1]:
+        return (f". {op[0]}([]) must change nothing: the pool calls it with an empty list whenever no freed block "
+                "goes to that end of the queue")
+    return ""
+
+
+def _op_hint(op: tuple) -> str:
+    return _empty_list_note(op)[2:] or _LINKS_HINT
 
 
 def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
@@ -146,13 +191,13 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
         "FreeKVCacheBlockQueue(blocks)",
         inputs,
         _queue_state(reference),
-        _queue_state(queue),
+        _lab_queue_state(queue, inputs),
         "right after __init__ the queue holds every block, in the order given",
     )
     for op in ops:
         inputs["ops so far"].append(op)
         expected = _apply_queue_op(reference, ref_blocks, op)
-        with calling("FreeKVCacheBlockQueue", inputs, expected=expected, hint=_LINKS_HINT):
+        with calling("FreeKVCacheBlockQueue", inputs, expected=expected, hint=_op_hint(op)):
             got = _apply_queue_op(queue, lab_blocks, op)
         expect_equal(
             f"{op[0]} return value",
@@ -165,9 +210,9 @@ def _replay_queue(queue_class: type, num_blocks: int, ops: list[tuple]) -> None:
             f"state after {op[0]}",
             inputs,
             _queue_state(reference),
-            _queue_state(queue),
+            _lab_queue_state(queue, inputs),
             "num_free_blocks and get_all_free_blocks (ids head->tail); append goes to the TAIL, "
-            "prepend_n puts its blocks at the HEAD in the given order",
+            "prepend_n puts its blocks at the HEAD in the given order" + _empty_list_note(op),
         )
         expect_equal(f"the links after {op[0]}", inputs, None, _link_problem(queue, lab_blocks),
                      "a doubly linked list threaded through the blocks: each free block's prev_free_block / "
@@ -245,6 +290,8 @@ def check_free_block_queue(queue_class: type, seeds: Iterable[int] = range(20)) 
         ("remove", 5),
         ("prepend_n", [5, 2]),
         ("popleft",),
+        ("prepend_n", []),   # the pool frees with prepend_n / append_n of lists that are often empty
+        ("append_n", []),
     ]
     _replay_queue(queue_class, 6, fixed)
     _check_constant_time(queue_class)
@@ -254,16 +301,18 @@ def check_free_block_queue(queue_class: type, seeds: Iterable[int] = range(20)) 
         num_blocks = rng.randint(1, 3 + seed % 16)  # small cases first; hidden seeds stay small too
         _replay_queue(queue_class, num_blocks, _queue_ops(rng, num_blocks, num_ops=3 + seed % 24))
         num_cases += 1
-    empty = queue_class([])
-    with calling("FreeKVCacheBlockQueue"):
+    empty_hint = ("popping from an empty queue must raise ValueError (the pool relies on it): the head "
+                  "sentinel's successor is then the tail sentinel, which is not a free block")
+    with calling("FreeKVCacheBlockQueue", {"calls": ["FreeKVCacheBlockQueue([])", "popleft()"]}, hint=empty_hint):
+        empty = queue_class([])
         try:
-            empty.popleft()
+            popped = empty.popleft()
         except ValueError:
             pass
         else:
             raise AssertionError(
-                "FreeKVCacheBlockQueue([]).popleft() returned instead of raising ValueError\n"
-                "  hint: popping from an empty queue must raise ValueError (the scheduler relies on it)"
+                f"FreeKVCacheBlockQueue([]).popleft() returned {_block_id(popped)!r} instead of raising ValueError\n"
+                f"  hint: {empty_hint}"
             )
     passed("check_free_block_queue", num_cases + 1)
 
@@ -276,14 +325,28 @@ def _pool_with(method_name: str, function: Callable, num_gpu_blocks: int) -> Blo
 
 
 def _expect_value_error(action: Callable[[], Any], what: str, inputs: dict, hint: str, name: str) -> None:
-    with calling(name, inputs):
+    with calling(name, inputs, hint=f"{what}: expected ValueError. {hint}"):
         try:
             action()
         except ValueError:
             return
+        except AssertionError as error:  # the learner's own `assert`: the wrong exception, not a failed check
+            raise AssertionError(
+                f"{what}: expected ValueError, got AssertionError (an assert?): {error}\n  inputs: {inputs}\n"
+                f"  hint: {hint}. An assert is the wrong tool: python -O strips it, and the caller catches "
+                "ValueError") from None
     raise AssertionError(
         f"{what}: expected ValueError, nothing was raised\n  inputs: {inputs}\n  hint: {hint}"
     )
+
+
+def _order_hint(expected: Any, got: Any) -> str:
+    hint = "pop blocks from the HEAD of self.free_block_queue; block 0 (null) is never handed out"
+    if isinstance(got, list) and expected is not None and sorted(map(str, got)) == sorted(map(str, expected)):
+        return f"the right blocks in the wrong order: return them in queue order (head first). {hint}"
+    if isinstance(got, list) and expected is not None and len(got) != len(expected):
+        return f"{len(expected)} block(s) asked for, {len(got)} returned: all of them or none (ValueError). {hint}"
+    return hint
 
 
 @graded
@@ -309,9 +372,12 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
                 pool.free_blocks([pool.blocks[i] for i in block_ids])
                 continue
             count = step[0] if step is not None else rng.randint(0, reference.get_num_free_blocks())
+            free_before = reference.get_num_free_blocks()
             inputs["calls so far"].append(f"get_new_blocks({count})")
             expected = _ids(reference.get_new_blocks(count))
-            with calling("get_new_blocks", inputs, expected=expected):
+            with calling("get_new_blocks", inputs, expected=expected,
+                         hint=f"raise ValueError only when MORE blocks are asked for than are free: asking for "
+                              f"exactly the {free_before} free block(s), or for 0, must succeed"):
                 got = _ids(pool.get_new_blocks(count))
             held.append(expected)
             expect_equal(
@@ -319,7 +385,7 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
                 inputs,
                 expected,
                 got,
-                "pop blocks from the HEAD of self.free_block_queue; block 0 (null) is never handed out",
+                _order_hint(expected, got),
             )
             expect_same(
                 "pool state after get_new_blocks",
@@ -335,7 +401,7 @@ def check_get_new_blocks(get_new_blocks: Callable, seeds: Iterable[int] = range(
             functools.partial(pool.get_new_blocks, too_many),
             "asking for more blocks than are free",
             inputs,
-            "check the free count first and raise ValueError",
+            "check the free count first and raise ValueError, before popping anything",
             "get_new_blocks",
         )
         expect_same(
@@ -391,10 +457,11 @@ def check_free_blocks(free_blocks: Callable, seeds: Iterable[int] = range(20)) -
             "cached (block_hash set)": [block_ids[i] for i in case["cached_at"]],
             "free queue before (head -> tail)": reference.free_block_ids(),
             "free_blocks(ordered_blocks) with ids": order,
+            "ordered_blocks is": "a one-pass iterator over those blocks (as the manager's reversed(blocks))",
         }
         reference.free_blocks([reference.blocks[i] for i in order])
-        with calling("free_blocks", inputs):
-            pool.free_blocks([pool.blocks[i] for i in order])
+        with calling("free_blocks", inputs, hint=_ITERABLE_HINT):
+            pool.free_blocks(iter([pool.blocks[i] for i in order]))
         expect_same(
             "pool state after free_blocks",
             inputs,
@@ -402,11 +469,15 @@ def check_free_blocks(free_blocks: Callable, seeds: Iterable[int] = range(20)) -
             _pool_state(pool),
             "decrement ref_cnt; the blocks reaching 0 go back in the given order: those with no block_hash "
             "(every one when enable_caching is False) to the HEAD of the free queue, as one group "
-            "(prepend_n), the cached ones to the TAIL (append_n)",
+            "(prepend_n), the cached ones to the TAIL (append_n). " + _ITERABLE_HINT,
         )
         num_cases += 1
     _check_null_and_double_free(free_blocks)
     passed("check_free_blocks", num_cases + 2)
+
+
+_ITERABLE_HINT = ("ordered_blocks is any iterable, possibly one that can be walked only once (the manager passes "
+                  "reversed(blocks)): walk it once, with no len() and no indexing")
 
 
 def _check_null_and_double_free(free_blocks: Callable) -> None:
@@ -440,19 +511,24 @@ def _request(request_id: str, num_prompt_tokens: int) -> Request:
 
 
 def _manager_state(manager: KVCacheManager, request_ids: list[str]) -> dict[str, Any]:
+    """Block ids per request, the requests with an entry, and the pool (read tolerantly: a learner's table that
+    holds something other than blocks is shown, not crashed on)."""
     return {
-        "block_ids": {rid: manager.get_block_ids(rid) for rid in request_ids},
-        "requests in req_to_blocks": sorted(manager.req_to_blocks),
+        "block_ids": {rid: _ids(manager.req_to_blocks.get(rid, [])) for rid in request_ids},
+        "requests in req_to_blocks": sorted(map(str, manager.req_to_blocks)),
         **_pool_state(manager.block_pool),
     }
 
 
 # The fixed case (block_size 4, 5 usable blocks): ("alloc", request, prompt length, num_new_tokens, hit block ids)
 # or ("free", request). r1 and r3 start with prefix hits (num_new_computed_tokens = 4 per hit block); r2's
-# first allocation is refused; r3's hit sits in the free queue (ref_cnt 0), so it is not a free block for r3.
+# first allocation is refused; r3's hit sits in the free queue (ref_cnt 0), so it is not a free block for r3;
+# r4 is a prompt computed in chunks.
 _FIXED_ALLOCATIONS: list[tuple] = [
     ("alloc", "r0", 5, 5, []), ("alloc", "r1", 7, 3, [1]), ("alloc", "r2", 13, 13, []), ("alloc", "r0", 5, 1, []),
     ("free", "r0"), ("alloc", "r3", 9, 5, [2]), ("alloc", "r2", 13, 13, []), ("alloc", "r1", 7, 1, []),
+    # chunked prefill: a 10-token prompt computed 3, then 4 tokens at a time (the blocks follow the chunks)
+    ("free", "r3"), ("alloc", "r4", 10, 3, []), ("alloc", "r4", 10, 4, []),
 ]
 
 
@@ -499,6 +575,33 @@ def check_allocate_slots(allocate_slots: Callable, seeds: Iterable[int] = range(
     passed("check_allocate_slots", num_cases)
 
 
+def _allocate_hint(expected: Any, got: Any, held: list[int], hit_ids: list[int], tokens: tuple[int, int, int],
+                   block_size: int) -> str:
+    """Say which part of allocate_slots' contract the return value breaks, with this call's numbers."""
+    computed, hit_tokens, new = tokens
+    total = computed + hit_tokens + new
+    cover = (f"after the call the request's blocks must cover every token it will hold in the cache: here "
+             f"{total} = {computed} computed before + {hit_tokens} from the hits (num_new_computed_tokens) + {new} "
+             f"new, in blocks of {block_size}, a partly filled last block counting whole; the {len(held)} block(s) "
+             f"it holds and its {len(hit_ids)} hit(s) count first")
+    if expected is None and got is not None:
+        return ("the pool cannot supply this call: return None and change nothing. Compare the new blocks needed "
+                "with the free blocks less the hits that sit in the free queue (ref_cnt 0): touching a hit takes "
+                "it out of the free queue, so it is not free for this request's new blocks")
+    if expected is not None and got is None:
+        return (f"enough blocks are free for this call, so do not refuse it. {cover}; a hit that another request "
+                "holds (ref_cnt > 0) is not in the free queue and costs nothing")
+    if isinstance(got, list) and isinstance(expected, list):
+        if got == held + hit_ids + expected or got == hit_ids + expected:
+            return "return only the NEW blocks (maybe []): not the blocks held before, not the hits"
+        if len(got) != len(expected):
+            return f"{len(got)} new block(s), the reference allocates {len(expected)}: {cover}"
+        return ("the right number of new blocks, but not the reference's: new blocks come from the head of the "
+                "free queue, after the hits have been touched (a hit with ref_cnt 0 leaves the free queue when "
+                "touched, so it can never also be handed out as a new block)")
+    return "return only the NEW blocks (a list, maybe []), or None when too few blocks are free"
+
+
 _ALLOCATE_HINT = ("decide first, change after: the new blocks needed must fit in the free blocks less the hits "
                   "that sit in the free queue (ref_cnt 0), which touching them takes out of it")
 
@@ -510,9 +613,13 @@ def _replay_allocations(reference: KVCacheManager, manager: KVCacheManager, ops:
     inputs["calls so far"] = []
     for op in ops:
         if op[0] == "free":
-            for target in (reference, manager):
-                target.free(op[1])
             inputs["calls so far"].append(f"free({op[1]})  (the reference's)")
+            inputs["this call"] = inputs["calls so far"][-1]
+            reference.free(op[1])
+            with calling("allocate_slots", inputs,
+                         hint="the reference's free() could not give back what your allocate_slots recorded: "
+                              "req_to_blocks[request_id] must be the request's KVCacheBlock objects, in order"):
+                manager.free(op[1])
             continue
         _, rid, prompt_len, num_new, hit_ids = op
         if rid not in requests:
@@ -530,19 +637,22 @@ def _replay_allocations(reference: KVCacheManager, manager: KVCacheManager, ops:
             f"allocate_slots({rid}, num_new_tokens={num_new}, num_new_computed_tokens={num_hit_tokens}, "
             f"new_computed_blocks=blocks {hit_ids}) with num_computed_tokens={ref_req.num_computed_tokens}"
             + (f" (hit ref_cnts {[reference.block_pool.blocks[i].ref_cnt for i in hit_ids]})" if hit_ids else ""))
+        held_before = reference.get_block_ids(rid)
+        inputs["this call"] = (f"{inputs['calls so far'][-1]}; {rid} held blocks {held_before}, free queue "
+                               f"{reference.block_pool.free_block_ids()}")
         expected = _ids(reference.allocate_slots(ref_req, num_new, num_hit_tokens,
                                                  [reference.block_pool.blocks[i] for i in hit_ids]))
         with calling("allocate_slots", inputs, expected=expected, hint=_ALLOCATE_HINT):
             got = _ids(manager.allocate_slots(lab_req, num_new, num_hit_tokens,
                                               [manager.block_pool.blocks[i] for i in hit_ids]))
         expect_equal("allocate_slots return value", inputs, expected, got,
-                     "return only the NEW blocks (maybe []), or None when too few blocks are free (a hit that "
-                     "sits in the free queue, ref_cnt 0, is not free for this request)")
+                     _allocate_hint(expected, got, held_before, hit_ids,
+                                    (ref_req.num_computed_tokens, num_hit_tokens, num_new), block_size))
         expect_same("manager state after allocate_slots", inputs,
                      _manager_state(reference, list(requests)), _manager_state(manager, list(requests)),
-                     "blocks cover num_computed_tokens + num_new_computed_tokens + num_new_tokens: the hits "
-                     "(touched: one more reference each) first, then the new blocks; None changes nothing, "
-                     "not even an empty req_to_blocks entry")
+                     "afterwards the request's blocks are those it held, then the hits (touched: one more "
+                     "reference each), then the new blocks; None changes nothing, not even an empty "
+                     "req_to_blocks entry")
         if expected is not None:
             for req in (ref_req, lab_req):
                 req.num_computed_tokens += num_hit_tokens + num_new
@@ -554,5 +664,7 @@ PHASE = Phase("01_paged_kv", (
     Exercise("FreeKVCacheBlockQueue", check_free_block_queue, points=4, grade_id="test-free-block-queue", part="FreeKVCacheBlockQueue"),
     Exercise("get_new_blocks", check_get_new_blocks, points=2, grade_id="test-get-new-blocks", part="get_new_blocks"),
     Exercise("free_blocks", check_free_blocks, points=2, grade_id="test-free-blocks", part="free_blocks"),
-    Exercise("allocate_slots", check_allocate_slots, points=3, grade_id="test-allocate-slots", part="allocate_slots"),
+    Exercise("allocate_slots", check_allocate_slots, points=3, grade_id="test-allocate-slots", part="allocate_slots",
+             design="allocate_slots' admission test and order of operations (what to count, what to check before "
+                    "any state changes) from its coverage and all-or-nothing contract"),
 ))

@@ -11,6 +11,9 @@ tokens in blocks [1, 2], [3, 4] and [5], then the decode step that follows, then
 random steps (some of them chunked too). `prepare_inputs` and `compute_query_start_loc` also get an empty
 batch. `compute_positions` and `compute_slot_mapping` must be vectorized: the Python lines they run may
 not grow with the number of tokens (a per-token loop fails; a loop over requests is allowed for positions).
+Every function must leave its arguments as they were (the runner reuses them: `positions` goes to the model
+next), checked after each call. `check_slot_mapping` also runs the notebook's last traced rows (block_size 2,
+a request whose blocks are 7 then 3), so a rule fitted to block_size 4 alone fails.
 
 vLLM v0.33.0 builds these in `GPUModelRunner._prepare_inputs` (vllm/v1/worker/gpu_model_runner.py): its
 positions logic (`GPUModelRunner._get_cumsum_and_arange` plus one gather) runs on the CPU and passes
@@ -22,6 +25,7 @@ function of their own to run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import sys
@@ -168,6 +172,30 @@ def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
     )
 
 
+def _expect_unchanged(name: str, inputs: dict[str, Any], before: dict[str, Any], after: dict[str, Any],
+                      why: str) -> None:
+    """The learner's function must leave its arguments as they were: `before` holds untouched copies of what
+    `after` held when it was passed."""
+    __tracebackhide__ = True
+    for key, original in before.items():
+        now = after[key]
+        if isinstance(original, torch.Tensor):
+            same = isinstance(now, torch.Tensor) and now.shape == original.shape and torch.equal(now, original)
+            shown_before, shown_after = original.tolist(), now.tolist() if isinstance(now, torch.Tensor) else now
+        else:
+            same, shown_before, shown_after = now == original, original, now
+        if not same:
+            where = first_difference(shown_before, shown_after) if isinstance(shown_after, list) else ""
+            raise AssertionError(
+                f"{name} changed its input {key} in place\n"
+                f"  inputs: {inputs}\n"
+                f"  {key} before the call: {str(shown_before)[:300]}\n"
+                f"  {key} after the call:  {str(shown_after)[:300]}\n"
+                + (f"  {where.replace('expected', 'was').replace('got', 'now')}\n" if where else "")
+                + f"  hint: the values you return may be right, but {why}; compute into new tensors (no in-place "
+                "operator such as //=, %=, +=, no .append / .insert on the lists you are given)")
+
+
 def _req_indices(num_scheduled_tokens: list[int]) -> torch.Tensor:
     counts = torch.as_tensor(num_scheduled_tokens)
     return torch.repeat_interleave(torch.arange(len(counts)), counts)
@@ -179,16 +207,19 @@ def check_query_start_loc(compute_query_start_loc: Callable, seeds: Iterable[int
     for case in cases:
         inputs = {"num_scheduled_tokens": case["num_scheduled_tokens"]}
         expected = reference.compute_query_start_loc(case["num_scheduled_tokens"])
+        given = list(case["num_scheduled_tokens"])
         with calling("compute_query_start_loc", inputs, expected=expected):
-            got = compute_query_start_loc(case["num_scheduled_tokens"])
+            got = compute_query_start_loc(given)
         _expect_tensor(
             "compute_query_start_loc",
             inputs,
             expected,
             got,
             "B + 1 entries: request i owns flat rows [query_start_loc[i], query_start_loc[i+1]); requests "
-            "sit end to end from row 0",
+            "sit end to end from row 0, and the last entry is the total number of tokens",
         )
+        _expect_unchanged("compute_query_start_loc", inputs, {"num_scheduled_tokens": case["num_scheduled_tokens"]},
+                          {"num_scheduled_tokens": given}, "the list is the scheduler's, read again after this call")
     passed("check_query_start_loc", len(cases))
 
 
@@ -198,8 +229,9 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
     for case in cases:
         inputs = {key: case[key] for key in ("num_computed_tokens", "num_scheduled_tokens")}
         expected = reference.compute_positions(**inputs)
+        given = {key: list(value) for key, value in inputs.items()}
         with calling("compute_positions", inputs, expected=expected):
-            got = compute_positions(**inputs)
+            got = compute_positions(**given)
         _expect_tensor(
             "compute_positions",
             inputs,
@@ -207,6 +239,8 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
             got,
             "request i's new tokens sit at num_computed[i], num_computed[i] + 1, ... (one per row)",
         )
+        _expect_unchanged("compute_positions", inputs, inputs, given,
+                          "the lists are the scheduler's, read again after this call")
     with calling("compute_positions", {"note": "3 requests of 4, then of 300 new tokens each"}):
         few = _lines_run(compute_positions, [0, 5, 9], [4, 4, 4])
         many = _lines_run(compute_positions, [0, 5, 9], [300, 300, 300])
@@ -216,9 +250,15 @@ def check_positions(compute_positions: Callable, seeds: Iterable[int] = range(20
     passed("check_positions", len(cases) + 1)
 
 
+# The notebook's last traced rows: block_size 2, a request whose blocks are 7 then 3 (its slots go down).
+TRACE_BLOCK_SIZE_2 = {"token_ids": [[3, 1, 4, 1]], "block_ids": [[7, 3]], "block_size": 2,
+                      "num_computed_tokens": [0], "num_scheduled_tokens": [4]}
+
+
 @graded
 def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = range(20)) -> None:
     cases = step_cases(seeds)
+    cases.insert(3, TRACE_BLOCK_SIZE_2)
     for case in cases:
         block_table = reference.make_block_table(case["block_ids"])
         req_indices = _req_indices(case["num_scheduled_tokens"])
@@ -230,24 +270,35 @@ def check_slot_mapping(compute_slot_mapping: Callable, seeds: Iterable[int] = ra
             "block_size": case["block_size"],
         }
         expected = reference.compute_slot_mapping(block_table, req_indices, positions, case["block_size"])
-        with calling("compute_slot_mapping", inputs, expected=expected):
-            got = compute_slot_mapping(
-                block_table.clone(), req_indices.clone(), positions.clone(), case["block_size"]
-            )
+        given = {"block_table": block_table.clone(), "req_indices": req_indices.clone(), "positions": positions.clone()}
+        with calling("compute_slot_mapping", inputs, expected=expected,
+                     hint=f"{_slot_hint(case['block_size'])}; an index error on block_table means a block index "
+                          "past the end of the request's row"):
+            got = compute_slot_mapping(given["block_table"], given["req_indices"], given["positions"],
+                                       case["block_size"])
         _expect_tensor(
             "compute_slot_mapping",
             inputs,
             expected,
             got,
-            "a slot counts the cache's token places block by block: find which entry of the request's "
-            "block table row holds the position, and where inside that block it sits",
+            _slot_hint(case["block_size"]),
         )
+        _expect_unchanged("compute_slot_mapping", inputs,
+                          {"block_table": block_table, "req_indices": req_indices, "positions": positions}, given,
+                          "the runner hands the same positions tensor to the model after this call (rotary "
+                          "embeddings read it) and keeps the block table for attention")
     with calling("compute_slot_mapping", {"note": "3 requests of 4, then of 300 new tokens each"}):
         few, many = (_slot_mapping_lines(compute_slot_mapping, n) for n in (4, 300))
     _expect_vectorized("compute_slot_mapping", few, many, (12, 900),
                        "no Python loop over tokens: index block_table with the two index tensors "
                        "(req_indices, positions // block_size) at once, then one multiply-add")
     passed("check_slot_mapping", len(cases) + 1)
+
+
+def _slot_hint(block_size: int) -> str:
+    return (f"a slot numbers one token place of the whole cache, block after block ({block_size} places a block "
+            "here): find which entry of the request's block table row holds the position, and where inside that "
+            "block it sits (the block ids come from block_table, the block size from the argument)")
 
 
 def _slot_mapping_lines(compute_slot_mapping: Callable, tokens_per_request: int) -> int:
@@ -263,9 +314,11 @@ _PREPARE_HINTS = {
     "input_ids": "request i's tokens at positions num_computed_tokens[i] .. num_computed_tokens[i] + "
                  "num_scheduled_tokens[i] - 1 of token_ids[i], requests end to end (under chunked prefill "
                  "token_ids[i] holds more tokens than computed + scheduled: not the last ones)",
-    "seq_lens": "int32, per request: num_computed_tokens + num_scheduled_tokens",
+    "seq_lens": "int32, per request: the tokens in its cache once this step has run (those cached before and "
+                "those computed now; under chunked prefill fewer than len(token_ids[i]))",
     "block_table": "make_block_table(block_ids): int32 [B, max_blocks], rows padded with 0",
-    "logits_indices": "int64, each request's LAST flat row (its last new token predicts the next one)",
+    "logits_indices": "int64, each request's LAST flat row (its last new token predicts the next one): a row "
+                      "inside the batch, below T",
 }
 
 
@@ -278,13 +331,16 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
             for key in ("token_ids", "num_computed_tokens", "num_scheduled_tokens", "block_ids", "block_size")
         }
         expected = reference.prepare_inputs(**inputs)
+        given = copy.deepcopy(inputs)
         with calling("prepare_inputs", inputs, expected=expected):
-            got = prepare_inputs(**inputs)
+            got = prepare_inputs(**given)
+        if not isinstance(got, (reference.PreparedInputs, dict)):
+            raise AssertionError(  # noqa: TRY004 - a failed check, not a caller's type error
+                f"prepare_inputs: expected a PreparedInputs, got {type(got).__name__}\n  inputs: {inputs}\n"
+                "  hint: return PreparedInputs(input_ids=..., positions=..., query_start_loc=..., seq_lens=..., "
+                "slot_mapping=..., block_table=..., logits_indices=...)")
         for name in [f.name for f in dataclasses.fields(expected)]:
-            try:
-                value = got[name]
-            except (KeyError, TypeError, AttributeError):
-                value = getattr(got, name, None)
+            value = got.get(name) if isinstance(got, dict) else getattr(got, name, None)
             _expect_tensor(
                 f"prepare_inputs(...).{name}",
                 inputs,
@@ -293,6 +349,8 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
                 _PREPARE_HINTS.get(name, f"see the table in the phase: how {name} is built from the "
                                          "per-request lists (an empty batch gives empty tensors)"),
             )
+        _expect_unchanged("prepare_inputs", inputs, inputs, given,
+                          "the per-request lists are the runner's and the scheduler's, read again after this call")
     passed("check_prepare_inputs", len(cases))
 
 
@@ -337,6 +395,8 @@ def expect_same_slot_mappings(mine: Any, reference_run: Any) -> None:
 PHASE = Phase("02_slot_mapping", (
     Exercise("compute_query_start_loc", check_query_start_loc, points=2, grade_id="test-query-start-loc", part="compute_query_start_loc"),
     Exercise("compute_positions", check_positions, points=2, grade_id="test-positions", part="compute_positions"),
-    Exercise("compute_slot_mapping", check_slot_mapping, points=3, grade_id="test-slot-mapping", part="compute_slot_mapping"),
+    Exercise("compute_slot_mapping", check_slot_mapping, points=3, grade_id="test-slot-mapping", part="compute_slot_mapping",
+             design="the slot rule itself, derived from traced tokens (block size, block table row, position -> "
+                    "slot), then vectorized"),
     Exercise("prepare_inputs", check_prepare_inputs, points=3, grade_id="test-prepare-inputs", part="prepare_inputs"),
 ))
