@@ -1,4 +1,4 @@
-"""Every exercise of every phase has at least two of our own wrong answers that its check must reject
+"""Every exercise of every phase has at least five of our own wrong answers that its check must reject
 (tests/test_course_wrong_answers_pNN.py, each a `WRONG` list of `course_fidelity.Wrong`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from labs.manifest import all_phases
 
 TESTS = Path(__file__).resolve().parent
-MIN_WRONG_ANSWERS = 2
+MIN_WRONG_ANSWERS = 5
 
 
 def _wrong_answers_by_phase() -> dict[str, list]:

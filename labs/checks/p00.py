@@ -36,7 +36,7 @@ from labs.checks.common import (
     passed,
     tiny_llama_config,
 )
-from labs.checks.grading import graded
+from labs.checks.grading import graded, import_engine_stack
 from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
 from mini.engine.llm_engine import LLMEngine
@@ -397,6 +397,9 @@ def check_generate_with_kv_cache(generate_with_kv_cache: Callable, seeds: Iterab
     passed("check_generate_with_kv_cache",
            _check_loop("generate_with_kv_cache", generate_with_kv_cache, seeds, cached=True))
 
+
+# Built once in the grading process before it forks a child per check (labs/checks/grading.py).
+WARM_UP = (tiny_llama, import_engine_stack)
 
 PHASE = Phase("00_autoregressive_loop", (
     Exercise("kv_bytes_per_block", check_kv_bytes_per_block, points=2, grade_id="test-kv-bytes"),
