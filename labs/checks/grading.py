@@ -187,6 +187,7 @@ def _child_main(work: Callable[[], Any], write_end: int, crash_write: int) -> No
         _crash_file = os.fdopen(crash_write, "w")
         faulthandler.enable(file=_crash_file, all_threads=False)  # a crash's frames go to the parent
         os.setpgid(0, 0)  # its own process group: the parent can end it with everything it started
+        _rebuild_torch_thread_pool()
         captured = io.StringIO()
         sys.stdout = sys.stderr = captured
         try:
@@ -201,6 +202,16 @@ def _child_main(work: Callable[[], Any], write_end: int, crash_write: int) -> No
         code = 70
     finally:
         os._exit(code)
+
+
+def _rebuild_torch_thread_pool() -> None:
+    """After a fork, torch rebuilds its pthreadpool lazily, on the first thread that asks for it, and two threads
+    asking at once can see it missing ("pool INTERNAL ASSERT FAILED ... Invalid thread pool!": seen when a
+    notebook's setup cell had set the thread count and a check then ran two tensor-parallel ranks in threads).
+    Asking once here, on the child's only thread, rebuilds it before any check starts a thread."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(torch.get_num_threads())
 
 
 def _portable(error: BaseException) -> tuple[str, str, str]:
