@@ -14,9 +14,10 @@ With tied embeddings the two share one parameter (same slicing), as in vLLM.
 
 Where mini differs: vLLM pads the vocabulary to a multiple of 64 per rank and supports LoRA's added
 vocabulary; mini pads only to a multiple of the rank count and has no added vocabulary. vLLM computes the
-logits in a separate `LogitsProcessor` that all-gathers (or gathers to rank 0 where all-gather is not
-supported); mini's `ParallelLMHead.forward` does the matmul and the all-gather itself. With one rank each
-layer runs exactly the plain `nn.Embedding` lookup / `hidden @ W^T`: no mask, no collective, no copy.
+logits in a separate `LogitsProcessor` that all-gathers them on every in-tree platform (`use_all_gather()`;
+gathering to rank 0 is the branch for a platform that answers False); mini's `ParallelLMHead.forward` does the
+matmul and the all-gather itself. With one rank each layer runs exactly the plain `nn.Embedding` lookup /
+`hidden @ W^T`: no mask, no collective, no copy.
 """
 
 from __future__ import annotations
