@@ -253,7 +253,10 @@ def _watch(pid: int, read_end: int, limits: Limits) -> tuple[bytes, int | None, 
             while chunk := _read_nowait(read_end):
                 chunks.append(chunk)
             return b"".join(chunks), status, None
-        cpu_s, private_bytes = _usage(pid)
+        usage = _usage(pid)
+        if usage is None:  # nothing to measure with: only the crash watch works
+            continue
+        cpu_s, private_bytes = usage
         now = time.monotonic()
         if cpu_s > last_cpu:
             last_cpu, last_progress = cpu_s, now
@@ -280,17 +283,18 @@ def _end_group(pid: int) -> None:
             kill()
 
 
-def _usage(pid: int) -> tuple[float, int]:
-    """(CPU seconds, private memory bytes) of the process `pid` and its descendants, reaped ones' CPU included."""
+def _usage(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds, private memory bytes) of the process `pid` and its descendants, reaped ones' CPU included;
+    None where it cannot be measured (no psutil, the process just went)."""
     try:
         import psutil
-    except ImportError:  # no psutil: no CPU or memory watch (the crash watch still works)
-        return 0.0, 0
+    except ImportError:
+        return None
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0.0, 0
+        return None
     cpu_s, private_bytes = 0.0, 0
     for process in processes:
         with contextlib.suppress(psutil.Error):
