@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from labs.course.answers import borrowed_reference
 from labs.manifest import Phase
 
 __all__ = [
@@ -272,14 +273,18 @@ def _why_not_learner(name: str, answers: Any, notebook_error: str | None) -> tup
         return "untouched", None
     if cell.error is not None:
         return f"failed to load: {_first_line(cell.error)}", None
-    if name not in answers.namespace:
+    if name not in cell.namespace:
         return f"failed to load: the cell ran but did not define `{name}`", None
     stubs, num_functions = stub_functions(cell.source, name)
     if stubs and len(stubs) == num_functions:
         return "untouched", None
     if stubs:
         return f"unfinished: NotImplementedError in {', '.join(stubs)}", None
-    return None, answers.namespace[name]
+    value = cell.namespace[name]  # what its own cell bound (labs/course/answers.py), not a later cell's import
+    borrowed = borrowed_reference(name, value, cell.source, cell.namespace)
+    if borrowed is not None:
+        return f"not yours: {borrowed}", None
+    return None, value
 
 
 def _why(status: str) -> str:
@@ -475,7 +480,7 @@ class EngineParts:
                 continue
             if component.implementation is None or component.check is None:
                 reason = _why(component.status)
-                failed = reason.startswith("failed to load")
+                failed = reason.startswith(("failed to load", "not yours"))
                 card.append(replace(base, outcome="failed" if failed else "not implemented",
                                     message="" if reason == "untouched" else reason))
                 continue

@@ -179,3 +179,21 @@ def test_pytest_labs_grades_the_other_exercises_after_a_crash(tmp_path):
     assert "answer cell answer-positions>\", line 4 in compute_positions" in message, message
     assert by_name["compute_query_start_loc"][0] == "passed"
     assert by_name["compute_slot_mapping"][0] == "passed"
+
+
+def test_the_capstone_counts_an_imported_reference_as_not_the_learners(tmp_path):
+    """labs.assemble reads the same per-cell answers: an import of mini's reference is "not yours", and a
+    later cell's import does not turn a broken answer into the reference."""
+    from labs.assemble import _why_not_learner
+
+    path = _write(tmp_path, [
+        A.setup("import torch", "setup"),
+        _answer("from mini.attention.reference import store_kv", "a-store"),
+        _answer("def gather_kv(kv_cache_side, block_ids, seq_len):\n    return 'mine'", "a-gather"),
+        _answer("from mini.attention.reference import gather_kv", "a-later"),
+    ])
+    answers = load_answers(path)
+    why, value = _why_not_learner("store_kv", answers, None)
+    assert why.startswith("not yours: it binds `store_kv` to mini's own") and value is None
+    why, value = _why_not_learner("gather_kv", answers, None)
+    assert why is None and value(None, None, 0) == "mine"

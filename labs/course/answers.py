@@ -147,7 +147,7 @@ def borrowed_reference(name: str, value: Any, source: str, namespace: dict[str, 
     definitions = [node for node in tree.body if getattr(node, "name", None) == name]
     if inspect.isclass(target) and any(_is_mini(base) for base in target.__mro__[1:]):
         for method in (m for d in definitions if isinstance(d, ast.ClassDef) for m in d.body
-                       if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                       if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and not m.name.startswith("__")):
             for node in ast.walk(method):
                 if (isinstance(node, ast.Attribute) and node.attr == method.name and isinstance(node.value, ast.Call)
                         and getattr(node.value.func, "id", None) == "super"):
