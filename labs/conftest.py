@@ -7,10 +7,11 @@
 
 A lab test asks for the `notebook_path` fixture (`notebook_path("01_paged_kv")`: the notebook to grade, or a
 skip when a student did not submit that phase) and grades one exercise of it in a child process
-(labs/checks/grading.py). The `answers` fixture loads a notebook's answers in this process (tests use it).
+(labs/checks/grading.py).
 
-`-k` selects an exercise by its test id (`01_paged_kv::FreeKVCacheBlockQueue`) and by its other names
-(`Exercise.keywords`: `-k free_block_queue`, the snake_case name of its check, or `-k test-free-block-queue`).
+`-k` selects exactly one exercise by its handle (`-k p01_free_block_queue`, `Exercise.handle`, printed under the
+exercise's heading in the notebook); also by its test id (`01_paged_kv::FreeKVCacheBlockQueue`) and its other
+names (`Exercise.keywords`: `-k free_block_queue`, or `-k test-free-block-queue`), where those are unique.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from labs.course.answers import NotebookAnswers, load_answers
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # The checks look inside the engines they build (phase 13's InprocEngineCore, views, plugged parts): their
-# engine cores run in this process, as in the notebooks' setup cells (mini/engine/core_client.py; phase 15).
+# engine cores run in this process, as `import labs` chooses for the notebooks (mini/engine/core_client.py).
 os.environ["MINI_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 
@@ -86,25 +85,6 @@ def notebook_path(request: pytest.FixtureRequest):
         return path
 
     return find
-
-
-@pytest.fixture(scope="session")
-def answers(request: pytest.FixtureRequest):
-    """answers(assignment_id) -> NotebookAnswers of that phase's notebook (loaded once)."""
-    root = notebook_dir(request.config)
-    loaded: dict[str, NotebookAnswers] = {}
-
-    def load(assignment_id: str) -> NotebookAnswers:
-        if assignment_id not in loaded:
-            path = root / assignment_id / f"{assignment_id}.ipynb"
-            if not path.is_file():
-                if request.config.getoption("--notebooks"):  # a student's folder: the phase was not handed in
-                    pytest.skip(f"not submitted: {assignment_id} ({path} does not exist)")
-                pytest.fail(f"notebook not found: {path}", pytrace=False)
-            loaded[assignment_id] = load_answers(path)
-        return loaded[assignment_id]
-
-    return load
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
