@@ -54,10 +54,6 @@ class Phase:
     assignment_id: str
     exercises: tuple[Exercise, ...]
 
-    def handles(self) -> dict[str, Exercise]:
-        """`-k` handle -> exercise, in notebook order."""
-        return {exercise.handle(self.assignment_id): exercise for exercise in self.exercises}
-
     def exercise(self, name: str) -> Exercise:
         for exercise in self.exercises:
             if exercise.name == name:
