@@ -131,6 +131,41 @@ def test_a_segfault_fails_that_check_alone():
     check_returns_one(lambda: 1)  # this process goes on grading
 
 
+def test_a_crashing_child_writes_no_core_dump():
+    """Dumping a process that holds torch (or piping it to a crash collector) takes seconds without CPU, which
+    read as idle and hid the crash on a CI machine: the child's core limit is 1 byte, which stops both kinds."""
+    import resource
+
+    def core_limit_is_off():
+        soft, _ = resource.getrlimit(resource.RLIMIT_CORE)
+        assert soft <= 1, f"the child's RLIMIT_CORE is {soft}"
+
+    run_isolated(core_limit_is_off, what="`core`", limits=SMALL)
+
+
+def test_a_runnable_process_is_never_idle_and_a_sleeping_one_is_not_runnable():
+    """The idle watch counts only a process asleep: one waiting for a core on a loaded machine has not moved
+    its CPU time, yet it is making progress."""
+    import subprocess
+    import sys
+
+    from labs.checks.grading import _usage
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('asleep', flush=True); time.sleep(3600)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert sleeper.stdout.readline().strip() == "asleep"
+        time.sleep(0.2)
+        assert _usage(spinner.pid)[2] is True
+        assert _usage(sleeper.pid)[2] is False
+    finally:
+        spinner.kill()
+        sleeper.kill()
+        spinner.wait()
+        sleeper.wait()
+
+
 def test_an_endless_loop_fails_on_cpu_time():
     def spin():
         while True:

@@ -9,9 +9,9 @@ runs in a child process forked for it, and the parent watches that child:
 * **a crash** (the child dies of a signal) fails the exercise: "`name` crashed (SIGSEGV, segmentation
   fault) ...", with what usually causes it;
 * **a hang**: the child (with its own children) used more than `cpu_limit_s` seconds of CPU time, or used
-  no CPU at all for `idle_limit_s` seconds (blocked on something that never comes). CPU time, not wall-clock
-  time: a busy machine slows a check down but does not make it use more CPU, so a correct answer never fails
-  for the machine being loaded;
+  no CPU at all for `idle_limit_s` seconds while asleep (blocked on something that never comes; a child that
+  is runnable but waiting for a core is not idle). CPU time, not wall-clock time: a busy machine slows a check
+  down but does not make it use more CPU, so a correct answer never fails for the machine being loaded;
 * **a runaway allocation**: the memory private to the child and its children exceeds `memory_limit_gib`.
 
 Each ends the child's whole process group and fails that exercise alone, with a message that names it. The
@@ -186,6 +186,7 @@ def _child_main(work: Callable[[], Any], write_end: int, crash_write: int) -> No
     try:
         _crash_file = os.fdopen(crash_write, "w")
         faulthandler.enable(file=_crash_file, all_threads=False)  # a crash's frames go to the parent
+        _no_core_dump()
         os.setpgid(0, 0)  # its own process group: the parent can end it with everything it started
         _rebuild_torch_thread_pool()
         captured = io.StringIO()
@@ -202,6 +203,18 @@ def _child_main(work: Callable[[], Any], write_end: int, crash_write: int) -> No
         code = 70
     finally:
         os._exit(code)
+
+
+def _no_core_dump() -> None:
+    """A crash writes no core file: dumping a process that holds torch (or piping it to a crash collector, as
+    CI machines do) takes seconds of no CPU, which read as idle. A soft RLIMIT_CORE of 1 byte stops both kinds
+    of dump (Linux skips a file dump smaller than a page and refuses a piped dump at exactly 1)."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        soft = 1 if hard == resource.RLIM_INFINITY else min(1, hard)
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
 
 
 def _rebuild_torch_thread_pool() -> None:
@@ -256,9 +269,9 @@ def _watch(pid: int, read_end: int, limits: Limits) -> tuple[bytes, int | None, 
         usage = _usage(pid)
         if usage is None:  # nothing to measure with: only the crash watch works
             continue
-        cpu_s, private_bytes = usage
+        cpu_s, private_bytes, runnable = usage
         now = time.monotonic()
-        if cpu_s > last_cpu:
+        if cpu_s > last_cpu or runnable:
             last_cpu, last_progress = cpu_s, now
         if private_bytes > limits.memory_limit_gib * 2**30:
             reason = f"memory: {private_bytes / 2**30:.1f} GiB"
@@ -283,9 +296,11 @@ def _end_group(pid: int) -> None:
             kill()
 
 
-def _usage(pid: int) -> tuple[float, int] | None:
-    """(CPU seconds, private memory bytes) of the process `pid` and its descendants, reaped ones' CPU included;
-    None where it cannot be measured (no psutil, the process just went)."""
+def _usage(pid: int) -> tuple[float, int, bool] | None:
+    """(CPU seconds, private memory bytes, whether any is runnable) of the process `pid` and its descendants,
+    reaped ones' CPU included; None where it cannot be measured (no psutil, the process just went). A runnable
+    process (running, or waiting for a core on a loaded machine) is making progress even when its CPU time
+    has not moved since the last look."""
     try:
         import psutil
     except ImportError:
@@ -295,14 +310,15 @@ def _usage(pid: int) -> tuple[float, int] | None:
         processes = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
-    cpu_s, private_bytes = 0.0, 0
+    cpu_s, private_bytes, runnable = 0.0, 0, False
     for process in processes:
         with contextlib.suppress(psutil.Error):
+            runnable = runnable or process.status() in (psutil.STATUS_RUNNING, psutil.STATUS_WAKING)
             times = process.cpu_times()
             cpu_s += times.user + times.system + getattr(times, "children_user", 0.0) + getattr(
                 times, "children_system", 0.0)
             private_bytes += _private_bytes(process)
-    return cpu_s, private_bytes
+    return cpu_s, private_bytes, runnable
 
 
 def _private_bytes(process) -> int:
