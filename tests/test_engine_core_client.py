@@ -10,6 +10,7 @@ import os
 import signal
 
 import pytest
+from patience import HANG_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.config import EngineConfig
@@ -122,7 +123,7 @@ def test_async_mp_client_under_phase13_output_handler(greedy_reference):
             task.cancel()
             os.kill(client.pid, signal.SIGKILL)
             with pytest.raises(EngineDeadError):
-                await asyncio.wait_for(client.get_output_async(), 30)
+                await asyncio.wait_for(client.get_output_async(), HANG_GUARD_S)
         finally:
             client.shutdown()
 

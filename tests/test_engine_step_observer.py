@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from patience import HANG_GUARD_S
 
 from mini import LLM, SamplingParams
 from mini.engine.async_llm import AsyncLLM
@@ -127,7 +128,7 @@ def test_async_llm_stat_loggers_get_counters_without_a_pool_copy(tiny_llama_dir,
         return [out async for out in async_llm.generate({"prompt_token_ids": [4, 5, 6]}, GREEDY, "a")]
 
     try:
-        outputs = asyncio.run(asyncio.wait_for(run(), 60))
+        outputs = asyncio.run(asyncio.wait_for(run(), HANG_GUARD_S))
     finally:
         async_llm.shutdown()
     assert outputs[-1].finished and len(records) >= 3

@@ -39,6 +39,9 @@ WIDGET_FALLBACK_PREFIXES = ("VBox(", "HBox(", "IntSlider(", "HTML(value", "Outpu
 # does not have. Everything else at SEVERE fails a test.
 BENIGN_CONSOLE = ("favicon.ico",)
 
+# Run All is asked again through the command palette if no cell has started this long after the menu click.
+RETRY_RUN_ALL_AFTER_S = 30.0
+
 WIDGET_OUTPUT_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -164,16 +167,21 @@ class NotebookPage:
     def __init__(self, lab: JupyterLab, browser: Any, relative_path: str):
         self.lab, self.browser, self.path = lab, browser, relative_path
         self.browser.get_log("browser")  # drop what earlier pages logged
+        self.dismiss_dialogs()  # one an earlier test left open would block every command that follows
         if self.js("return typeof window.jupyterapp === 'object' && window.location.href.includes('/lab');"):
             # JupyterLab is already loaded: close every tab and open this notebook in place (a full page load
             # per notebook costs seconds of JavaScript start-up on 2 cores).
+            # Tabs are closed as unchanged: a notebook an earlier test could not save would otherwise ask
+            # "save your work?" in a dialog that never gets an answer.
             self.js("const app = window.jupyterapp;"
+                    "for (const w of [...app.shell.widgets('main')]) {"
+                    "  if (w.context && w.context.model) { w.context.model.dirty = false; } }"
                     "app.commands.execute('application:close-all')"
                     "  .then(() => app.commands.execute('docmanager:open', {path: arguments[0]}));", relative_path)
         else:
             browser.get(f"{lab.url}/lab/workspaces/mini-browser-tests/tree/{relative_path}?reset&token={lab.token}")
-        wait_for(lambda: self.current_path() == relative_path, 60, f"{relative_path} to open")
-        wait_for(lambda: self.kernel_status() == "idle", 120, f"the kernel of {relative_path} to start")
+        wait_for(lambda: self.current_path() == relative_path, HANG_GUARD_S, f"{relative_path} to open")
+        wait_for(lambda: self.kernel_status() == "idle", HANG_GUARD_S, f"the kernel of {relative_path} to start")
 
     def current_path(self) -> str | None:
         return self.js("const app = window.jupyterapp; const w = app && app.shell.currentWidget;"
@@ -181,6 +189,23 @@ class NotebookPage:
 
     def js(self, script: str, *args: Any) -> Any:
         return self.browser.execute_script(script, *args)
+
+    def dialog_text(self) -> str | None:
+        """The text of JupyterLab's open modal dialog, or None."""
+        return self.js("const d = document.querySelector('dialog.jp-Dialog');"
+                       "return d ? d.innerText.replace(/\\s+/g, ' ').trim() : null;")
+
+    def dismiss_dialogs(self) -> None:
+        self.js("document.querySelectorAll('dialog.jp-Dialog').forEach(d => {"
+                "  const b = d.querySelector('.jp-mod-reject') || d.querySelector('button');"
+                "  if (b) { b.click(); } });")
+
+    def press_dialog_button(self, label: str) -> bool:
+        """Click the open dialog's button labelled `label`; False if there is none."""
+        return bool(self.js("const d = document.querySelector('dialog.jp-Dialog');"
+                            "const b = d && [...d.querySelectorAll('button')]"
+                            "  .find(b => b.innerText.trim().toLowerCase() === arguments[0]);"
+                            "if (b) { b.click(); return true; } return false;", label.lower()))
 
     def kernel_status(self) -> str | None:
         return self.js("const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
@@ -193,10 +218,12 @@ class NotebookPage:
     def menu(self, menu_label: str, command: str) -> None:
         from selenium.webdriver.common.by import By
 
+        dialog = self.dialog_text()
+        assert dialog is None, f"a JupyterLab dialog is open before {menu_label} > {command}: {dialog!r}"
         self.browser.find_element(
             By.XPATH, f"//div[contains(@class, 'lm-MenuBar-itemLabel') and text()='{menu_label}']").click()
         wait_for(lambda: self.browser.find_elements(By.CSS_SELECTOR, f"li[data-command='{command}']"),
-                 10, f"the menu item {command}")[0].click()
+                 HANG_GUARD_S, f"the menu item {command}")[0].click()
 
     def run_all(self, timeout_s: float) -> None:
         """Run > Run All Cells, then wait until every code cell has run and the kernel is idle."""
@@ -205,12 +232,17 @@ class NotebookPage:
         def started() -> bool:
             return any(p != "[ ]:" for p in self.prompts())
 
-        try:
-            wait_for(started, 30, "Run All to start")
-        except AssertionError:
-            # Seen once on a busy 2-core CI run: the menu click was lost and no cell was queued. Nothing ran,
-            # so asking again through JupyterLab's own command is safe.
-            self.js("return window.jupyterapp.commands.execute('notebook:run-all-cells');")
+        # Seen once on a busy 2-core CI run: the menu click was lost and no cell was queued. If nothing has
+        # started after a while, nothing ran, so asking again through JupyterLab's own command is safe (and on
+        # a merely slow machine it queues the cells twice, which ends the same way). A retry, not a limit.
+        asked_again = False
+        clicked = time.monotonic()
+        while not started():
+            if not asked_again and time.monotonic() - clicked > RETRY_RUN_ALL_AFTER_S:
+                self.js("return window.jupyterapp.commands.execute('notebook:run-all-cells');")
+                asked_again = True
+            assert time.monotonic() - clicked < HANG_GUARD_S, f"Run All of {self.path} never started"
+            time.sleep(0.25)
 
         def finished() -> bool:
             prompts = self.prompts()
@@ -224,7 +256,14 @@ class NotebookPage:
         target = self.lab.root / self.path
         before = target.stat().st_mtime_ns
         self.menu("File", "docmanager:save")
-        wait_for(lambda: target.stat().st_mtime_ns != before, 30, f"{self.path} to be saved")
+
+        def saved() -> bool:
+            # On a busy machine JupyterLab can take its own earlier write for a change on disk and ask
+            # "File Changed: overwrite or revert?": the page's copy is the one under test, so overwrite.
+            self.press_dialog_button("overwrite")
+            return target.stat().st_mtime_ns != before
+
+        wait_for(saved, HANG_GUARD_S, f"{self.path} to be saved (dialog: {self.dialog_text()!r})")
         return nbformat.read(str(target), as_version=4)
 
     def page_text(self) -> str:
@@ -278,8 +317,8 @@ class NotebookPage:
         self.js("arguments[0].scrollIntoView({block: 'center'});", box)
         handle.click()
         handle.send_keys(key)
-        wait_for(lambda: self.slider_state(box)[0] != readout, 10, "the slider's readout to move")
-        wait_for(lambda: self.slider_state(box)[1] != board, 15,
+        wait_for(lambda: self.slider_state(box)[0] != readout, HANG_GUARD_S, "the slider's readout to move")
+        wait_for(lambda: self.slider_state(box)[1] != board, HANG_GUARD_S,
                  "the board to redraw after the slider moved (the kernel answers the slider's change)")
         time.sleep(0.3)
         return self.slider_state(box)

@@ -21,7 +21,7 @@ from lab_page import (
     NotebookPage,
     wait_for,
 )
-from patience import RUN_GUARD_S
+from patience import HANG_GUARD_S, RUN_GUARD_S
 
 from labs.course.release import list_assignments
 
@@ -120,19 +120,19 @@ def check_fsm_buttons(page: NotebookPage) -> None:
     assert boxes, "no FSM-mask widget (a 'sample next token' button) on the page"
     box = boxes[0]
     button = {b.text: b for b in box.find_elements(By.CSS_SELECTOR, "button")}
-    start = wait_for(lambda: _fsm_lines(page, box)[0], 30, "the widget's 'tokens so far' line")
+    start = wait_for(lambda: _fsm_lines(page, box)[0], HANG_GUARD_S, "the widget's 'tokens so far' line")
     page.js("arguments[0].scrollIntoView({block: 'center'});", box)
     button["sample next token"].click()
-    grown = wait_for(lambda: _fsm_lines(page, box)[0] != start and _fsm_lines(page, box)[0], 30,
+    grown = wait_for(lambda: _fsm_lines(page, box)[0] != start and _fsm_lines(page, box)[0], HANG_GUARD_S,
                      "the prefix to grow after 'sample next token'")
     assert grown.rstrip("]").startswith(start.rstrip("]")) and len(grown) > len(start), (start, grown)
     assert _fsm_lines(page, box)[1], "no 'allowed next' line after sampling"
     wait_for(lambda: "drawn from the model's masked distribution" in page.js(
-        "return arguments[0].querySelector('.widget-output').innerText;", box), 30,
+        "return arguments[0].querySelector('.widget-output').innerText;", box), HANG_GUARD_S,
         "the 'last sample' line: drawn from the model's masked distribution")
     button["reset"].click()
-    wait_for(lambda: _fsm_lines(page, box)[0] == "tokens so far: []", 30, "reset to empty the prefix")
-    wait_for(lambda: page.js("return arguments[0].querySelectorAll('.widget-output img').length;", box), 30,
+    wait_for(lambda: _fsm_lines(page, box)[0] == "tokens so far: []", HANG_GUARD_S, "reset to empty the prefix")
+    wait_for(lambda: page.js("return arguments[0].querySelectorAll('.widget-output img').length;", box), HANG_GUARD_S,
              "the DFA figure to be redrawn after reset")
 
 
@@ -169,7 +169,7 @@ def check_fsm_mask_content(page: NotebookPage) -> None:
     assert found["bits"] == 32 and found["table"] and found["groups"] >= 1 and found["probs"], found
     assert "before the mask" in found["text"] and "after the mask" in found["text"], found["text"][:300]
     wait_for(lambda: page.js("const r = document.querySelector('.jp-OutputArea-output .widget-output .fsm-report');"
-                             "return r.closest('.widget-output').querySelectorAll('img').length;"), 30,
+                             "return r.closest('.widget-output').querySelectorAll('img').length;"), HANG_GUARD_S,
              "the DFA figure inside the FSM-mask widget")
 
 
@@ -227,7 +227,7 @@ def test_a_broken_widget_fails_the_rendering_check(lab, browser):
     nbformat.write(notebook, str(path))
     page = NotebookPage(lab, browser, path.name)
     try:
-        page.run_all(60)
+        page.run_all(RUN_ALL_TIMEOUT_S)
         saved = page.save_and_read()
         assert _widget_outputs(saved) == 1
         problems = widget_problems(page, saved)
@@ -245,5 +245,5 @@ def test_formgrader_lists_every_assignment(lab, browser):
     browser.get(f"{lab.url}/formgrader?token={lab.token}")
     names = wait_for(lambda: browser.execute_script(
         "return [...document.querySelectorAll('#main_table td, .assignment-name, a')].map(e => e.textContent.trim())"
-        ".filter(t => /^\\d\\d_/.test(t));"), 60, "the formgrader's assignment list")
+        ".filter(t => /^\\d\\d_/.test(t));"), HANG_GUARD_S, "the formgrader's assignment list")
     assert set(list_assignments()) <= set(names), f"formgrader lists {sorted(set(names))}"
