@@ -58,7 +58,7 @@ def build(out: Path = DEFAULT_OUT, execute: str = "all", cache_dir: Path | None 
             note = "Mini build executed" if executed else "not executed"
         else:
             content, _ = render(page.source.read_text(encoding="utf-8"), page.source, page.root)
-            note = "guide"
+            note = "page"
         (out / page.url).write_text(page_html(pages, page, content), encoding="utf-8")
         entries += search.sections(page.url, page.title, content)
         log(f"{page.url}: {note} ({time.monotonic() - started:.1f} s)")

@@ -66,7 +66,7 @@ def solution_blocks(root: Path = ROOT) -> dict[str, list[str]]:
     for notebook in sorted((root / "solutions").glob("*/*.ipynb")):
         for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
             source = "".join(cell["source"])
-            for match in re.finditer(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), source, re.S):
+            for match in re.finditer(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), source, re.DOTALL):
                 blocks.setdefault(notebook.parent.name, []).append(match.group(1))
     return blocks
 

@@ -35,10 +35,18 @@ def _fence(self, tokens, idx, options, env) -> str:
     return f'<pre class="code"><code>{highlight_code(token.content, language)}</code></pre>\n'
 
 
+def _heading_close(self, tokens, idx, options, env) -> str:
+    """A heading ends with a link to itself, for pointing someone at a section."""
+    slug = tokens[idx - 2].attrGet("id")
+    link = f'<a class="anchor" href="#{slug}" aria-label="Link to this section">#</a>' if slug else ""
+    return f"{link}</{tokens[idx].tag}>\n"
+
+
 def _parser() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": True}).enable("table").enable("strikethrough")
     md.add_render_rule("fence", _fence)
     md.add_render_rule("code_block", _fence)
+    md.add_render_rule("heading_close", _heading_close)
     return md
 
 

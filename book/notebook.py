@@ -105,7 +105,8 @@ def render_notebook(notebook, source: Path, page_root: str) -> tuple[str, list, 
             cell_html, cell_headings = render(cell.source, source, page_root)
             for level, slug, title in cell_headings:
                 _, unique, _ = next(slugs)
-                cell_html = cell_html.replace(f'id="{slug}"', f'id="{unique}"', 1)
+                cell_html = cell_html.replace(f'id="{slug}"', f'id="{unique}"', 1).replace(
+                    f'href="#{slug}"', f'href="#{unique}"', 1)
                 headings.append((level, unique, title))
             parts.append(f'<div class="cell markdown">{cell_html}</div>')
         elif cell.cell_type == "code":

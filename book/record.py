@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import platform
 import re
@@ -65,7 +66,7 @@ def this_machine(argv: list[str]) -> dict:
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=False).stdout.strip() or None
-    threads = next((int(value) for flag, value in zip(argv, argv[1:]) if flag == "--threads" and value.isdigit()),
+    threads = next((int(value) for flag, value in itertools.pairwise(argv) if flag == "--threads" and value.isdigit()),
                    None)
     return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
             "threads": threads, "commit": commit}

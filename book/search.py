@@ -10,7 +10,7 @@ import re
 from book.markdown import plain_text
 
 TEXT_LIMIT = 1500
-_HEADING = re.compile(r'<h([1-6]) id="([^"]+)">(.*?)</h\1>', re.S)
+_HEADING = re.compile(r'<h([1-6]) id="([^"]+)">(.*?)(?:<a class="anchor"[^>]*>#</a>)?</h\1>', re.DOTALL)
 
 
 def sections(url: str, page_title: str, content: str) -> list[dict]:

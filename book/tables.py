@@ -21,10 +21,10 @@ from book.results import RESULTS_DIR, ResultFile, by_table
 
 DOCS_DIR = Path(__file__).resolve().parents[1] / "docs"
 BLOCK = re.compile(r"(<!-- benchmark-table: (?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- end benchmark-table -->)",
-                   re.S)
+                   re.DOTALL)
 
 
-def format_number(value: float | int, decimals: int | None = None) -> str:
+def format_number(value: float, decimals: int | None = None) -> str:
     """Thousands separated; `decimals` (the column's, from its result file) keeps the recorded precision."""
     if decimals is not None:
         return f"{value:,.{decimals}f}"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MARKDOWN = [README, ROOT / "mini" / "README.md", ROOT / "labs" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
-_FENCED = re.compile(r"^```.*?^```", re.S | re.M)
+_FENCED = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _FIRST_PERSON = re.compile(r"\b(I(?!/O)|I'd|I've|I'm|my|we|We|our|Our)\b")
 
@@ -34,7 +34,7 @@ def test_the_readme_gives_the_two_commands():
 
 
 def test_the_phase_map_has_one_row_per_phase():
-    rows = re.findall(r"^\| (\d\d) \| ", README.read_text(encoding="utf-8"), re.M)
+    rows = re.findall(r"^\| (\d\d) \| ", README.read_text(encoding="utf-8"), re.MULTILINE)
     phases = sorted(p.name[:2] for p in (ROOT / "phases").iterdir() if p.is_dir() and p.name[:2].isdigit())
     assert rows == phases
 
