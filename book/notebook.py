@@ -13,10 +13,14 @@ needs a kernel and a widget manager; a static page has neither.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import html
+import json
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -49,6 +53,26 @@ def cache_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def this_interpreter_as_kernel(work: Path):
+    """The `python3` kernel is this interpreter (the environment that builds the book), whatever kernelspec
+    another environment registered for the user: JUPYTER_PATH is searched first."""
+    spec = work / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ipykernel)", "language": "python"}), encoding="utf-8")
+    before = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(work), *([before] if before else [])])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = before
+
+
 def execute_mini_build(path: Path, cache_dir: Path):
     """The notebook with every cell before the Lab executed (from the cache when it is current)."""
     notebook = nbformat.read(path, as_version=4)
@@ -60,9 +84,11 @@ def execute_mini_build(path: Path, cache_dir: Path):
     head = copy.deepcopy(notebook)
     head.cells = notebook.cells[:lab_index(notebook)]
     with tempfile.TemporaryDirectory(prefix=f"book-{path.stem}-") as work:
-        shutil.copytree(path.parent, work, dirs_exist_ok=True)
-        NotebookClient(head, timeout=None, kernel_name="python3",
-                       resources={"metadata": {"path": work}}).execute()
+        folder = Path(work) / path.parent.name
+        shutil.copytree(path.parent, folder)
+        with this_interpreter_as_kernel(Path(work) / "jupyter"):
+            NotebookClient(head, timeout=None, kernel_name="python3",
+                           resources={"metadata": {"path": str(folder)}}).execute()
     notebook.cells[:len(head.cells)] = head.cells
     cache_dir.mkdir(parents=True, exist_ok=True)
     for stale in cache_dir.glob(f"{path.stem}-*.ipynb"):
