@@ -5,6 +5,7 @@ works from any folder or from file://."""
 from __future__ import annotations
 
 import html
+import re
 
 from book.pages import Page
 
@@ -27,6 +28,11 @@ bash scripts/test.sh      # set up, then the whole test suite</code></pre>
 </aside>"""
 
 
+def title_html(title: str) -> str:
+    """A page title for the navigation: `code` spans as code, the rest escaped."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(title))
+
+
 def navigation(pages: list[Page], current: Page) -> str:
     groups = [("Start", [p for p in pages if p.kind == "home"]), ("Phases", [p for p in pages if p.kind == "phase"]),
               ("Guides", [p for p in pages if p.kind == "guide"])]
@@ -34,7 +40,7 @@ def navigation(pages: list[Page], current: Page) -> str:
     parts = []
     for name, members in groups:
         items = "".join(f'<li><a href="{current.root}{p.url}"{marked if p is current else ""}>'
-                        f"{html.escape(p.title)}</a></li>" for p in members)
+                        f"{title_html(p.title)}</a></li>" for p in members)
         parts.append(f"<h2>{name}</h2><ul>{items}</ul>")
     return '<nav class="side" aria-label="Pages">' + "".join(parts) + "</nav>"
 
@@ -43,8 +49,8 @@ def pager(pages: list[Page], current: Page) -> str:
     index = pages.index(current)
     before = pages[index - 1] if index > 0 else None
     after = pages[index + 1] if index + 1 < len(pages) else None
-    left = f'<a rel="prev" href="{current.root}{before.url}">← {html.escape(before.title)}</a>' if before else "<span></span>"
-    right = f'<a rel="next" href="{current.root}{after.url}">{html.escape(after.title)} →</a>' if after else "<span></span>"
+    left = f'<a rel="prev" href="{current.root}{before.url}">← {title_html(before.title)}</a>' if before else "<span></span>"
+    right = f'<a rel="next" href="{current.root}{after.url}">{title_html(after.title)} →</a>' if after else "<span></span>"
     return f'<nav class="pager" aria-label="Previous and next">{left}{right}</nav>'
 
 
@@ -55,7 +61,7 @@ def page_html(pages: list[Page], page: Page, content: str) -> str:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(page.title)} — mini</title>
+<title>{html.escape(page.title.replace("`", ""))} — mini</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="{root}_static/book.css">
 </head>

@@ -13,15 +13,11 @@ needs a kernel and a widget manager; a static page has neither.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import hashlib
 import html
-import json
 import os
-import shutil
+import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import nbformat
@@ -53,48 +49,20 @@ def cache_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def this_interpreter_as_kernel(work: Path):
-    """The `python3` kernel is this interpreter (the environment that builds the book), whatever kernelspec
-    another environment registered for the user: JUPYTER_PATH is searched first."""
-    spec = work / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    spec.joinpath("kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (ipykernel)", "language": "python"}), encoding="utf-8")
-    before = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(work), *([before] if before else [])])
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = before
-
-
 def execute_mini_build(path: Path, cache_dir: Path):
-    """The notebook with every cell before the Lab executed (from the cache when it is current)."""
-    notebook = nbformat.read(path, as_version=4)
+    """The notebook with every cell before the Lab executed (from the cache when it is current; else by
+    `python -m book.execute` in a process of its own)."""
     cached = cache_dir / f"{path.stem}-{cache_key(path)}.ipynb"
-    if cached.exists():
-        return nbformat.read(cached, as_version=4)
-    from nbclient import NotebookClient
-
-    head = copy.deepcopy(notebook)
-    head.cells = notebook.cells[:lab_index(notebook)]
-    with tempfile.TemporaryDirectory(prefix=f"book-{path.stem}-") as work:
-        folder = Path(work) / path.parent.name
-        shutil.copytree(path.parent, folder)
-        with this_interpreter_as_kernel(Path(work) / "jupyter"):
-            NotebookClient(head, timeout=None, kernel_name="python3",
-                           resources={"metadata": {"path": str(folder)}}).execute()
-    notebook.cells[:len(head.cells)] = head.cells
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    for stale in cache_dir.glob(f"{path.stem}-*.ipynb"):
-        stale.unlink()
-    nbformat.write(notebook, cached)
-    return notebook
+    if not cached.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for stale in cache_dir.glob(f"{path.stem}-*.ipynb"):
+            stale.unlink()
+        partial = cached.with_suffix(".partial")
+        subprocess.run([sys.executable, "-m", "book.execute", str(path), str(partial)], cwd=ROOT, check=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
+        partial.replace(cached)
+    return nbformat.read(cached, as_version=4)
 
 
 def _output_html(output, images: list[tuple[str, bytes]], name: str) -> str:
