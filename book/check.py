@@ -43,8 +43,8 @@ def parse(path: Path) -> _Collector:
 
 def broken_links(site: Path) -> list[str]:
     """Every internal href, src and #anchor of every page that does not resolve inside the site."""
-    pages = {path: parse(path) for path in site.rglob("*.html")}
-    broken = []
+    pages = {path.resolve(): parse(path) for path in site.rglob("*.html")}
+    broken, site = [], site.resolve()
     for path, page in pages.items():
         for ref in page.links + page.sources:
             parts = urlsplit(ref)
@@ -77,18 +77,23 @@ def page_lines(page: Path) -> set[str]:
     return {line.strip() for line in text.splitlines()}
 
 
-def leaked_solution_lines(site: Path, root: Path = ROOT) -> list[str]:
-    """Lines of a phase's solution code found on that phase's page, where the learner notebook does not hold
-    them itself (a line such as `for block in blocks:` may well appear in the Mini build's own code)."""
-    leaked = []
+def distinctive_solution_lines(root: Path = ROOT) -> dict[str, list[str]]:
+    """{phase: the lines of its solution code (at least MIN_LINE long) that its learner notebook does not hold
+    itself; a line such as `for block in blocks:` may well appear in the Mini build's own code}."""
+    lines: dict[str, list[str]] = {}
     for phase, blocks in solution_blocks(root).items():
-        site_lines = page_lines(site / "phases" / f"{phase}.html")
         learner = (root / "phases" / phase / f"{phase}.ipynb").read_text(encoding="utf-8")
         learner_lines = {line.strip() for cell in json.loads(learner)["cells"]
                          for line in "".join(cell["source"]).splitlines()}
-        for block in blocks:
-            for line in block.splitlines():
-                line = line.strip()
-                if len(line) >= MIN_LINE and line not in learner_lines and line in site_lines:
-                    leaked.append(f"{phase}: {line}")
+        lines[phase] = [line.strip() for block in blocks for line in block.splitlines()
+                        if len(line.strip()) >= MIN_LINE and line.strip() not in learner_lines]
+    return lines
+
+
+def leaked_solution_lines(site: Path, root: Path = ROOT) -> list[str]:
+    """Distinctive lines of a phase's solution code found on that phase's page."""
+    leaked = []
+    for phase, lines in distinctive_solution_lines(root).items():
+        on_page = page_lines(site / "phases" / f"{phase}.html")
+        leaked += [f"{phase}: {line}" for line in lines if line in on_page]
     return leaked

@@ -60,6 +60,7 @@ def test_every_internal_link_and_anchor_resolves(site):
 
 def test_no_solution_code_reaches_the_site(site):
     assert sum(len(b) for b in check.solution_blocks().values()) >= 50
+    assert sum(len(lines) for lines in check.distinctive_solution_lines().values()) >= 200
     assert check.leaked_solution_lines(site) == []
 
 
@@ -68,10 +69,10 @@ def test_a_leaked_solution_and_a_broken_link_are_caught(site, tmp_path):
 
     copy = tmp_path / "site"
     shutil.copytree(site, copy)
-    phase, blocks = next(iter(check.solution_blocks().items()))
-    line = next(l.strip() for b in blocks for l in b.splitlines() if len(l.strip()) >= check.MIN_LINE)
+    phase, lines = next((phase, lines) for phase, lines in check.distinctive_solution_lines().items() if lines)
+    line = lines[0]
     page = copy / "phases" / f"{phase}.html"
-    page.write_text(page.read_text(encoding="utf-8").replace("</main>", f"<pre>{line}</pre><a href=\"#nowhere\">x</a></main>"),
+    page.write_text(page.read_text(encoding="utf-8").replace("</main>", f"<pre>\n{line}\n</pre>\n<a href=\"#nowhere\">x</a></main>"),
                     encoding="utf-8")
     assert check.leaked_solution_lines(copy) == [f"{phase}: {line}"]
     assert any("#nowhere" in b for b in check.broken_links(copy))

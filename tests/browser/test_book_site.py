@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import http.server
 import threading
-from urllib.parse import urldefrag
+from urllib.parse import unquote, urldefrag
 
 import pytest
 from lab_page import BENIGN_CONSOLE, wait_for
@@ -26,9 +26,14 @@ def site_url(browser_paths, tmp_path_factory):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    _SITE_DIRS[url] = out
+    yield url
     server.shutdown()
     thread.join()
+
+
+_SITE_DIRS: dict = {}
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -47,17 +52,18 @@ def _console_errors(browser) -> list[str]:
             if e["level"] == "SEVERE" and not any(b in e["message"] for b in BENIGN_CONSOLE)]
 
 
+def _page_problems(browser, site_url: str, url: str) -> list[str]:
+    _open(browser, site_url + url)
+    problems = [f"{url}: not served"] if browser.title.startswith("Error response") else []
+    broken_images = browser.execute_script(
+        "return Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src);")
+    problems += [f"{url}: image does not render: {src}" for src in broken_images]
+    return problems + [f"{url}: console: {message}" for message in _console_errors(browser)]
+
+
 def test_every_page_loads_without_console_errors_and_its_images_render(browser, site_url):
-    problems = []
     browser.get_log("browser")
-    for page in all_pages():
-        _open(browser, site_url + page.url)
-        if browser.title.startswith("Error response"):
-            problems.append(f"{page.url}: not served")
-        broken_images = browser.execute_script(
-            "return Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src);")
-        problems += [f"{page.url}: image does not render: {src}" for src in broken_images]
-        problems += [f"{page.url}: console: {message}" for message in _console_errors(browser)]
+    problems = [problem for page in all_pages() for problem in _page_problems(browser, site_url, page.url)]
     assert not problems, problems
     _open(browser, site_url + "phases/01_paged_kv.html")
     assert browser.execute_script("return document.images.length") > 0, "the executed phase shows its pictures"
@@ -101,9 +107,20 @@ def test_every_internal_link_and_anchor_resolves(browser, site_url):
     broken = []
     for target in sorted(targets):
         url, anchor = urldefrag(target)
+        anchor = unquote(anchor)       # the browser gives a.href percent-encoded; an id is the plain text
         _open(browser, target)
         if browser.title.startswith("Error response"):
             broken.append(f"{url}: not found")
         elif anchor and not browser.execute_script("return document.getElementById(arguments[0]) !== null;", anchor):
             broken.append(f"{target}: no such anchor")
     assert not broken, broken
+
+
+def test_a_broken_image_and_a_console_error_are_caught(browser, site_url):
+    page = _SITE_DIRS[site_url] / "broken.html"
+    page.write_text('<!DOCTYPE html><html><head><title>broken</title></head><body><img src="missing.png">'
+                    "<script>console.error('deliberate');</script></body></html>", encoding="utf-8")
+    browser.get_log("browser")
+    problems = _page_problems(browser, site_url, "broken.html")
+    page.unlink()
+    assert any("image does not render" in p for p in problems) and any("deliberate" in p for p in problems)
