@@ -59,8 +59,11 @@ def load_all(results_dir: Path = RESULTS_DIR) -> list[ResultFile]:
 
 
 def by_table(results_dir: Path = RESULTS_DIR) -> dict[str, list[ResultFile]]:
+    """{table: its files}, the figures carried over from the README first, then the recorded runs by name
+    (`<table>-<date>-<commit>.json`: by date)."""
     tables: dict[str, list[ResultFile]] = {}
-    for result in load_all(results_dir):
+    ordered = sorted(load_all(results_dir), key=lambda r: (not r.data["source"].startswith("transcribed"), r.path.name))
+    for result in ordered:
         tables.setdefault(result.table, []).append(result)
     return tables
 
