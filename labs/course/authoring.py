@@ -1,7 +1,7 @@
 """Mirrors no vllm/v1 file: helpers to build a phase's nbgrader cells from Python.
 
 A phase author can write a source notebook in Jupyter (Create Assignment toolbar) or build it with
-these helpers; either way the result follows labs/README.md:
+these helpers; either way the result follows docs/authoring.md:
 
 - `setup(...)`: a code cell tagged "setup" (imports, constants); the labs grader runs these first;
 - `answer(...)`: an nbgrader autograded-answer cell defining ONE function or class;

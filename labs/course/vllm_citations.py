@@ -1,7 +1,7 @@
 """Mirrors no vllm/v1 file: every citation of vLLM's source in the course and the engine, checked against the
 committed index of the pinned release (`tests/data/vllm_index.json.gz`, written by `scripts/vllm_index.py`).
 
-What counts as a citation (in the solutions notebooks, the README, `labs/` and `mini/`):
+What counts as a citation (in the solutions notebooks, the README, `docs/`, `labs/` and `mini/`):
 
 * a path, `vllm/v1/core/block_pool.py` (or a folder, `vllm/v1/core/`): it must exist in the release;
 * a path and a line, `vllm/v1/core/block_pool.py:792`: the file must have that line;
@@ -129,15 +129,16 @@ def check_text(text: str, where: str, index: dict | None = None) -> list[BrokenC
 
 
 def cited_sources() -> dict[str, str]:
-    """{where: text} for everything that cites vLLM: solutions notebooks (cell by cell), README.md, every
-    .py and .md under mini/ and labs/."""
+    """{where: text} for everything that cites vLLM: solutions notebooks (cell by cell), README.md, the guides
+    in docs/, every .py and .md under mini/ and labs/."""
     sources: dict[str, str] = {}
     for notebook in sorted((REPO_ROOT / "solutions").glob("*/*.ipynb")):
         cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
         for number, cell in enumerate(cells):
             source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
             sources[f"{notebook.relative_to(REPO_ROOT)} cell {number} ({cell.get('id', '?')})"] = source
-    for path in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "mini").rglob("*.py")),
+    for path in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md")),
+                 *sorted((REPO_ROOT / "mini").rglob("*.py")),
                  *sorted((REPO_ROOT / "mini").rglob("*.md")), *sorted((REPO_ROOT / "labs").rglob("*.py")),
                  *sorted((REPO_ROOT / "labs").rglob("*.md"))]:
         sources[str(path.relative_to(REPO_ROOT))] = path.read_text(encoding="utf-8")

@@ -2,7 +2,7 @@
 
 Mirrors no vllm/v1 file: this package is course code beside the engine (`mini/` never imports it). Each
 view draws the state of the vLLM module it names, but reads a live engine ONLY through its public,
-documented surface (mini/README.md, "Internal interfaces"), never by monkeypatching and never deeper:
+documented surface (docs/engine-internals.md, "Internal interfaces"), never by monkeypatching and never deeper:
 
 - `llm.llm_engine` (an `LLMEngine`): `add_request`, `step()`, `has_unfinished_requests()`, `config`;
 - `engine.add_step_observer(observer)`: the observer gets each step's `StepTrace` (mini/metrics/step_trace.py):
