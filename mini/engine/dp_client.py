@@ -46,7 +46,7 @@ from typing import Any
 
 from mini.config import EngineConfig
 from mini.engine import EngineCoreOutput, EngineCoreRequest
-from mini.engine.core_client import SyncMPClient, step_outputs
+from mini.engine.core_client import EngineCoreClient, SyncMPClient, step_outputs
 from mini.engine.dp_routing import DPLoadBalancer
 from mini.engine.exceptions import EngineDeadError
 from mini.engine.serial_utils import EngineCoreOutputs
@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.1
 
 
-class _DPClient:
+class _DPClient(EngineCoreClient):
     """What both DP clients share: N cores, the balancer, routing by owner, per-core stats, death, shutdown.
 
     Each core is a `SyncMPClient` (its own process, sockets and output-reading thread); one forwarding thread
