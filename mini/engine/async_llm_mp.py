@@ -41,14 +41,8 @@ from mini.config import EngineConfig, engine_config_from_args
 from mini.core.request import RequestStatus
 from mini.engine.exceptions import EngineDeadError, EngineStepError
 from mini.engine.llm_engine import LLMEngine
-from mini.engine.output_collector import (
-    IterationStats,
-    RequestOutputCollector,
-    RequestTiming,
-    StatLogger,
-    record_output,
-)
-from mini.metrics.stats import SchedulerStats
+from mini.engine.output_processor import RequestOutputCollector
+from mini.metrics.stats import IterationStats, RequestTiming, SchedulerStats, StatLogger, record_output
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
 

@@ -52,7 +52,6 @@ import zmq
 
 from mini.config import EngineConfig
 from mini.core.request import RequestStatus
-from mini.engine import message_trace
 from mini.engine.core import EngineCore
 from mini.engine.serial_utils import (
     EngineCoreOutputs,
@@ -63,6 +62,7 @@ from mini.engine.serial_utils import (
     decode_request,
     encode,
 )
+from mini.metrics import message_trace
 from mini.metrics.stats import SchedulerStats
 from mini.roles import Choices
 

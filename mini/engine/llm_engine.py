@@ -49,7 +49,7 @@ from mini.sampling_params import SamplingParams
 from mini.structured_output import StructuredOutputManager
 from mini.tokenizer import load_tokenizer
 from mini.worker.model_runner import ModelRunner
-from mini.engine.startup import kv_bytes_per_block
+from mini.worker.startup import kv_bytes_per_block
 
 # Multiprocess mode: how long `step()` waits for the core's next outputs before returning none.
 STEP_WAIT_S = 1.0
@@ -137,7 +137,7 @@ class LLMEngine:
 
     @property
     def startup_report(self) -> Any:
-        """What start-up measured (mini/engine/startup.py); None with `num_gpu_blocks_override`."""
+        """What start-up measured (mini/worker/startup.py); None with `num_gpu_blocks_override`."""
         return self._core("startup_report").startup_report
 
     @staticmethod
