@@ -1,5 +1,8 @@
 """`AsyncLLM` in multiprocess mode: the front end on the event loop, the engine core in a child process.
 
+Why a file apart from async_llm.py (vLLM has one AsyncLLM): mini keeps an in-process AsyncLLM too (a thread
+design, for the course's views), and the two front ends do not fit one small file yet.
+
 Mirrors vllm/v1/engine/async_llm.py: `AsyncLLM.__init__` builds the input and output processors in this
 process and an asyncio engine-core client (`AsyncMPClient`, vllm/v1/engine/core_client.py; with data
 parallelism `DPAsyncMPClient`, mini/engine/dp_client.py); `_run_output_handler` starts ONE asyncio task, on

@@ -4,6 +4,8 @@ Mirrors vllm/v1/engine/core_client.py (`DPAsyncMPClient`, `DPLBAsyncMPClient`: o
 processes, requests load-balanced, aborts sent to the owning core, the cores' outputs merged into one stream)
 and the part of vllm/v1/engine/coordinator.py (`DPCoordinator`) that collects each core's `[waiting, running]`
 counts for the balancer. The routing rule itself is `mini.engine.dp_routing` (the `data_parallel` role).
+Why a file of its own (vLLM keeps these clients in core_client.py): core_client.py already holds three
+clients and the child-process plumbing; the N-core clients build on them and read on their own.
 
     DPSyncMPClient(config)       config.data_parallel_size = N cores, each a `SyncMPClient` (its own child
                                  process, its own ZMQ sockets, the whole model: data parallelism copies the

@@ -1,7 +1,9 @@
 """What crosses the process boundary between the front end and the engine core, and how it is encoded.
 
 Mirrors vllm/v1/engine/__init__.py (`EngineCoreRequestType`, `EngineCoreOutputs`, `UtilityOutput`) and
-vllm/v1/serial_utils.py (`MsgpackEncoder` / `MsgpackDecoder`: msgspec's msgpack with typed decoding).
+vllm/v1/serial_utils.py (`MsgpackEncoder` / `MsgpackDecoder`: msgspec's msgpack with typed decoding). Why it sits in
+engine/ (vLLM's sits one level up): every type it encodes is the engine's, and only the engine's clients and
+core process use it; one level up it would import engine/ and engine/ it, a circle.
 
 Where mini differs, and why:
 * `EngineCoreRequest` and `EngineCoreOutput` (mini/engine/__init__.py) stay slotted dataclasses, as the rest
