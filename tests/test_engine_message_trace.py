@@ -8,7 +8,7 @@ import multiprocessing
 import os
 
 from mini.metrics import message_trace
-from mini.engine.serial_utils import EngineCoreOutputs
+from mini.serial_utils import EngineCoreOutputs
 
 
 def _child_records() -> None:

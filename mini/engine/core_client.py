@@ -63,7 +63,10 @@ from mini.engine import EngineCoreOutput, EngineCoreRequest
 from mini.engine.core import EngineCore
 from mini.engine.core_proc import run_engine_core
 from mini.engine.exceptions import EngineDeadError, EngineInternalsError, EngineStepError
-from mini.engine.serial_utils import (
+from mini.metrics import message_trace
+from mini.metrics.stats import SchedulerStats
+from mini.roles import Choices
+from mini.serial_utils import (
     EngineCoreOutputs,
     EngineCoreOutputType,
     EngineCoreRequestType,
@@ -72,9 +75,6 @@ from mini.engine.serial_utils import (
     encode,
     scheduler_stats_from_wire,
 )
-from mini.metrics import message_trace
-from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices
 from mini.system_utils import release_libgomp_threads
 
 logger = logging.getLogger(__name__)

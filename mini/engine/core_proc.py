@@ -56,7 +56,10 @@ import zmq
 from mini.config import EngineConfig
 from mini.core.request import RequestStatus
 from mini.engine.core import EngineCore
-from mini.engine.serial_utils import (
+from mini.metrics import message_trace
+from mini.metrics.stats import SchedulerStats
+from mini.roles import Choices
+from mini.serial_utils import (
     EngineCoreOutputs,
     EngineCoreOutputType,
     EngineCoreRequestType,
@@ -65,9 +68,6 @@ from mini.engine.serial_utils import (
     decode_request,
     encode,
 )
-from mini.metrics import message_trace
-from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices
 
 logger = logging.getLogger(__name__)
 

@@ -51,9 +51,9 @@ from mini.engine import EngineCoreOutput, EngineCoreRequest
 from mini.engine.core_client import EngineCoreClient, SyncMPClient, step_outputs
 from mini.engine.dp_routing import DPLoadBalancer
 from mini.engine.exceptions import EngineDeadError
-from mini.engine.serial_utils import EngineCoreOutputs
 from mini.metrics.stats import SchedulerStats
 from mini.roles import Choices, choose
+from mini.serial_utils import EngineCoreOutputs
 
 logger = logging.getLogger(__name__)
 
