@@ -74,9 +74,10 @@ class LLMEngine:
             from mini.engine.dp_client import make_dp_client
             self.engine_core = make_dp_client(self.multiprocess_mode, config, self.choices, asyncio_mode)
         else:
-            # A child core loads its own tokenizer; the front end loads this one while the child starts.
+            # A child core loads its own tokenizer; the front end loads this one while the child starts (an
+            # in-process client shares its core's instead and never calls it).
             load_front_end_tokenizer = None
-            if self.multiprocess_mode and not config.skip_tokenizer_init:
+            if not config.skip_tokenizer_init:
                 load_front_end_tokenizer = functools.partial(load_tokenizer, config.model_dir)
             self.engine_core = EngineCoreClient.make_client(self.multiprocess_mode, asyncio_mode, config,
                                                             self.choices, while_starting=load_front_end_tokenizer)
