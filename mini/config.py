@@ -29,7 +29,6 @@ from mini.compilation import (
     parse_compilation_mode,
 )
 from mini.core.sched.request_queue import SchedulingPolicy
-from mini.engine.async_config import validate_async_scheduling
 from mini.model.registry import SHIPPED_MODEL_DIR, resolve_model_dir
 from mini.spec_decode.config import SpeculativeConfig
 
@@ -69,10 +68,10 @@ class EngineConfig:
         "help": "the waiting queue's order", "choices": SCHEDULING_POLICIES})
     num_gpu_blocks_override: int | None = field(default=None, metadata={
         "help": "KV blocks in the pool, the null block included (default: sized at start-up)"})
-    # KV-cache budget (mini/engine/startup.py `determine_num_kv_blocks`): bytes for the KV cache, or on CUDA
+    # KV-cache budget (mini/worker/startup.py `determine_num_kv_blocks`): bytes for the KV cache, or on CUDA
     # the fraction of the GPU's memory the engine may use (weights + activations + KV), as vLLM's.
     kv_cache_memory_bytes: int | None = field(default=None, metadata={
-        "help": "bytes of KV cache (default: sized at start-up, mini/engine/startup.py)"})
+        "help": "bytes of KV cache (default: sized at start-up, mini/worker/startup.py)"})
     gpu_memory_utilization: float = field(default=0.92, metadata={   # vLLM v0.33.0 CacheConfig default
         "help": "on CUDA: the fraction of the GPU's memory the engine may use (weights + activations + KV)"})
     skip_tokenizer_init: bool = field(default=False, metadata={
@@ -111,8 +110,8 @@ class EngineConfig:
     speculative_config: dict | SpeculativeConfig | None = field(default=None, metadata={
         "help": "speculative decoding, as vLLM's: JSON, e.g. '{\"method\": \"ngram\", "
                 "\"num_speculative_tokens\": 3}' (methods: ngram, draft_model, eagle)"})
-    # Async scheduling (mini/engine/batch_queue.py): step N+1 is scheduled while step N runs; vLLM's default is
-    # on, mini's off (mini/engine/async_config.py says why and what it refuses).
+    # Async scheduling (`EngineCore.step_with_batch_queue`, mini/engine/core.py): step N+1 is scheduled while
+    # step N runs; vLLM's default is on, mini's off (`validate_async_scheduling` below says why and what it refuses).
     async_scheduling: bool = field(default=False, metadata={
         "help": "schedule the next step while the model runs this one (vLLM's async scheduling)"})
 
@@ -288,3 +287,32 @@ def add_engine_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) 
 def cli_engine_args(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
     """The engine arguments `names` out of parsed command-line `args`."""
     return {name: getattr(args, name) for name in names}
+
+
+# Which engines may run with async scheduling (vLLM: the async-scheduling checks in `VllmConfig.__post_init__`,
+# vllm/config/vllm.py).
+#
+# vLLM v0.33.0 turns `async_scheduling` on by default (`None` -> True) unless something it cannot overlap is
+# configured, and raises when it is asked for explicitly with one: pipeline parallelism and, on its V1 model
+# runner, speculative decoding other than EAGLE / draft-model / GPU n-gram (so the CPU `ngram` proposer is
+# refused). mini's default is False: on a CPU the forward and the host work share the same few cores, so the
+# overlap buys little there (mini/bench/async_scheduling.py measures it), and the course's step-by-step views
+# want one step at a time. mini refuses every speculative method with it: its drafts come back through the
+# scheduler after each step (`ModelRunnerOutput.spec_token_ids`), which a step scheduled before that output
+# cannot have; vLLM keeps them on the worker instead. mini has no pipeline parallelism.
+def validate_async_scheduling(config: Any) -> None:
+    """Raise ValueError, naming the fields, for a combination async scheduling cannot keep exact."""
+    value = config.async_scheduling
+    if value is not True and value is not False:
+        raise ValueError(f"async_scheduling must be a bool (True or False), got {value!r}")
+    if not value:
+        return
+    spec = config.speculative_config
+    if spec is not None:
+        raise ValueError(
+            f"async_scheduling=True cannot be combined with speculative_config (method {spec.method!r}): the "
+            "drafts of step N reach the scheduler only after step N, and with async scheduling step N+1 is "
+            "scheduled before that (vLLM refuses 'ngram' too); use async_scheduling=False")
+    if int(getattr(config, "pipeline_parallel_size", 1) or 1) > 1:
+        raise ValueError("async_scheduling=True cannot be combined with pipeline_parallel_size > 1 (as vLLM's "
+                         "V1 model runner)")

@@ -1,4 +1,5 @@
-"""Async scheduling (mini/engine/batch_queue.py, mini/core/sched/async_scheduler.py): the same outputs as
+"""Async scheduling (`EngineCore.step_with_batch_queue` in mini/engine/core.py,
+mini/core/sched/async_scheduler.py): the same outputs as
 synchronous scheduling, setting by setting, on the shipped model; and the combinations it refuses.
 
 Each test runs the same prompts through two in-process engines built alike but for `async_scheduling` and

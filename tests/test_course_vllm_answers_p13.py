@@ -74,7 +74,7 @@ def test_mini_collector_folds_equal_vllms_add_in_order():
     `RequestOutput.add` gives, samples in the same order: the check itself does not grade the order."""
     import random
 
-    from mini.engine.output_collector import merge_delta_outputs, replace_by_index
+    from mini.engine.output_processor import merge_delta_outputs, replace_by_index
     from mini.outputs import CompletionOutput
     add = vllm_definition("vllm/outputs.py", "RequestOutput.add",
                           {"MutableSequence": MutableSequence, "SamplingMask": None})

@@ -10,7 +10,7 @@ from patience import HANG_GUARD_S
 from mini import LLM, SamplingParams
 from mini.config import EngineConfig
 from mini.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError, merge_delta_outputs
-from mini.engine.output_collector import replace_by_index
+from mini.engine.output_processor import replace_by_index
 from mini.outputs import CompletionOutput, RequestOutput
 from mini.sampling_params import RequestOutputKind
 
@@ -265,7 +265,7 @@ def test_engine_step_gives_one_output_per_reporting_child_under_cumulative():
 
 def test_a_slow_cumulative_reader_keeps_every_childs_newest_output():
     """vLLM's collector: `RequestOutput.add(next, aggregate=False)` replaces by sample index, appends new ones."""
-    from mini.engine.output_collector import RequestOutputCollector
+    from mini.engine.output_processor import RequestOutputCollector
 
     def out(index, text, finished=False):
         return RequestOutput("r", "p", [1], None, [CompletionOutput(index, text, [len(text)], None, None)], finished)

@@ -15,7 +15,7 @@ from patience import RUN_GUARD_S
 from mini import LLM, SamplingParams
 from mini.engine import EngineCoreRequest
 from mini.engine.exceptions import EngineInternalsError, EngineStepError
-from mini.engine.serial_utils import EngineCoreOutputs, decode_outputs, decode_request, encode
+from mini.serial_utils import EngineCoreOutputs, decode_outputs, decode_request, encode
 from mini.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 PROMPTS = ["Hello world", "The cat sat on", {"prompt_token_ids": [5, 6, 7, 8]}]

@@ -1,4 +1,4 @@
-"""The opt-in message recorder (mini/engine/message_trace.py): off by default and then a no-op, on inside
+"""The opt-in message recorder (mini/metrics/message_trace.py): off by default and then a no-op, on inside
 `tracing()` (also for processes started there, through the environment), restored afterwards."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import json
 import multiprocessing
 import os
 
-from mini.engine import message_trace
-from mini.engine.serial_utils import EngineCoreOutputs
+from mini.metrics import message_trace
+from mini.serial_utils import EngineCoreOutputs
 
 
 def _child_records() -> None:
-    from mini.engine import message_trace as trace
+    from mini.metrics import message_trace as trace
 
     trace.record("worker 0", "recv", "execute_model")
 

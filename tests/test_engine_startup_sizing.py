@@ -8,7 +8,7 @@ import pytest
 
 from mini.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from mini.engine.llm_engine import LLMEngine
-from mini.engine.startup import (
+from mini.worker.startup import (
     cpu_kv_budget_bytes,
     gpu_kv_budget_bytes,
     kv_cache_tokens,

@@ -1,6 +1,6 @@
 """The message timeline (labs/views/message_timeline.py): recorded events cut into the admission and one
 segment per engine step, per request, drawn as a widget with a text twin; and a real recording of a TP=2
-engine (front end, engine-core process, two workers) through mini/engine/message_trace.py."""
+engine (front end, engine-core process, two workers) through mini/metrics/message_trace.py."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_the_widget_and_its_text_twin(monkeypatch):
 
 def test_a_real_tp2_engine_records_every_process(tmp_path, monkeypatch):
     from mini import LLM, SamplingParams
-    from mini.engine import message_trace
+    from mini.metrics import message_trace
 
     monkeypatch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "1")
     with message_trace.tracing(tmp_path / "trace.jsonl") as path:

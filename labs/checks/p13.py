@@ -1,9 +1,9 @@
-"""Checks for phase 13 (serving), against mini's engine/async_llm and engine/startup.
+"""Checks for phase 13 (serving), against mini's engine/async_llm and worker/startup.
 
     check_merge_delta_outputs(merge_delta_outputs)          vs mini.engine.async_llm.merge_delta_outputs
     check_output_handler_step(output_handler_step)          vs mini.engine.async_llm.output_handler_step
     check_generate_stream(generate_stream)                  vs mini.engine.async_llm.generate_stream
-    check_determine_num_gpu_blocks(determine_num_gpu_blocks) vs mini.engine.startup.determine_num_gpu_blocks
+    check_determine_num_gpu_blocks(determine_num_gpu_blocks) vs mini.worker.startup.determine_num_gpu_blocks
 
 The two asyncio exercises run against a fake engine core (it replays a seeded script of `EngineCoreOutput`s,
 records what it is told to add and abort, and stops emitting for an aborted request), mini's real
@@ -44,8 +44,8 @@ from mini.engine.async_llm import RequestOutputCollector
 from mini.engine.async_llm import generate_stream as reference_generate
 from mini.engine.async_llm import merge_delta_outputs as reference_merge
 from mini.engine.async_llm import output_handler_step as reference_handler
-from mini.engine.startup import MemoryProfile
-from mini.engine.startup import determine_num_gpu_blocks as reference_num_gpu_blocks
+from mini.worker.startup import MemoryProfile
+from mini.worker.startup import determine_num_gpu_blocks as reference_num_gpu_blocks
 from mini.outputs import CompletionOutput, Logprob, RequestOutput
 from mini.sampling_params import RequestOutputKind, SamplingParams
 

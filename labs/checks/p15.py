@@ -485,7 +485,7 @@ def _busy_loop_script(prompt_ids: list[list[int]], tag: str, name: str, seed: in
     fixed script's lengths (of the requests whose timing its idle iterations do not depend on), its prompts
     and its utility call."""
     from mini.engine import EngineCoreRequest
-    from mini.engine.serial_utils import EngineCoreRequestType
+    from mini.serial_utils import EngineCoreRequestType
     from mini.sampling_params import SamplingParams
 
     def add(index: int, max_tokens: int) -> tuple:
@@ -534,7 +534,7 @@ def _busy_loop_core() -> Any:
 
 
 def _summarize(item: Any) -> Any:
-    from mini.engine.serial_utils import EngineCoreOutputs
+    from mini.serial_utils import EngineCoreOutputs
     if not isinstance(item, EngineCoreOutputs):
         return repr(item)
     if item.utility_output is not None:
@@ -546,7 +546,7 @@ def _summarize(item: Any) -> Any:
 
 
 def _is_empty_outputs(item: Any) -> bool:
-    from mini.engine.serial_utils import EngineCoreOutputs
+    from mini.serial_utils import EngineCoreOutputs
     return (isinstance(item, EngineCoreOutputs) and not item.outputs and item.utility_output is None
             and not item.failed_requests)
 

@@ -42,7 +42,7 @@ documented surface (docs/engine-internals.md, "Internal interfaces"), never by m
 - `serving_dashboard`: a live view of a serving engine (running / waiting requests, KV usage, tokens/s),
   fed by the engine's stat loggers (vllm/v1/metrics/loggers.py);
 - `message_timeline`: one request's messages across the front end, the engine core and the workers, step by
-  step, from the events mini's opt-in recorder wrote (mini/engine/message_trace.py; vllm/v1/engine/core.py,
+  step, from the events mini's opt-in recorder wrote (mini/metrics/message_trace.py; vllm/v1/engine/core.py,
   core_client.py, vllm/v1/executor/multiproc_executor.py); it reads the recorded events only;
 - `sharding`: every tensor-parallel rank's slice of one Llama layer's weights and the collective after each,
   from the model's config (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py).

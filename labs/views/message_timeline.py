@@ -1,7 +1,7 @@
 """Mirrors vllm/v1/engine/core_client.py, core.py and vllm/v1/executor/multiproc_executor.py: one request's
 messages across the front end, the engine core and the workers, step by step, from REAL recorded events.
 
-The events come from mini's opt-in recorder (mini/engine/message_trace.py): build the engine inside
+The events come from mini's opt-in recorder (mini/metrics/message_trace.py): build the engine inside
 `message_trace.tracing()` and every process appends what it sends and receives (the front end's ADD on the
 input socket, the core's `execute_model` broadcast to the workers, each worker's reply, the core's OUTPUTS
 on the output socket, ...). `timeline_from_events(events, request_id=...)` cuts them into segments: the

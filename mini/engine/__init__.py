@@ -5,14 +5,20 @@ engine builds the scheduler's `Request` from it and the output processor keeps i
 `RequestOutput`. `EngineCoreOutput` is what `Scheduler.update_from_output` returns per request that progressed
 and what the output processor turns into `RequestOutput`s. Both sit here, below the scheduler and the engine
 loop that exchange them, as vLLM keeps them; this module imports nothing of the engine, so the core can
-import it. The engine's modules are imported by name (`mini.engine.llm_engine`, ...).
+import it. The messages that cross the process boundary (`EngineCoreRequestType`, `EngineCoreOutputType`,
+`UtilityOutput`, the envelope `EngineCoreOutputs`) are here too, as in vLLM; mini/serial_utils.py encodes them.
+The engine's modules are imported by name (`mini.engine.llm_engine`, ...).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from mini.metrics.stats import SchedulerStats
 from mini.sampling_params import SamplingParams
 
 
@@ -46,3 +52,41 @@ class EngineCoreOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+class EngineCoreRequestType(enum.Enum):
+    """The first frame of every message to the engine core (vLLM's `EngineCoreRequestType`)."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x03"
+
+
+class EngineCoreOutputType(enum.Enum):
+    """The first frame of every message from the engine core (mini's; vLLM sends `ENGINE_CORE_DEAD` as a
+    bare frame and the handshake on a separate socket)."""
+
+    READY = b"R"             # start-up succeeded: payload = the core's startup_info()
+    STARTUP_FAILED = b"F"    # start-up raised: payload = the error text (with its traceback)
+    OUTPUTS = b"O"           # an EngineCoreOutputs
+    DEAD = b"D"              # the core hit an error it cannot recover from: payload = the error text
+
+
+class UtilityOutput(msgspec.Struct, omit_defaults=True):
+    """The answer to one utility call (vLLM's `UtilityOutput`)."""
+
+    call_id: int
+    failure_message: str | None = None
+    result: Any = None
+
+
+class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
+    """Everything one engine-core step (or one utility call) hands back to the front end."""
+
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    utility_output: UtilityOutput | None = None
+    # mini: a step raised; these requests were aborted in the core (id -> the error's text).
+    failed_requests: dict[str, str] | None = None

@@ -63,17 +63,19 @@ from mini.engine.async_llm_mp import MPAsyncLLM
 from mini.engine.core_client import multiprocessing_enabled
 from mini.engine.exceptions import EngineDeadError, EngineStepError
 from mini.engine.llm_engine import LLMEngine
-from mini.engine.output_collector import (  # re-exported: phase 13 imports them from here
+from mini.engine.output_processor import (  # re-exported: phase 13 imports them from here
+    OutputProcessor,
+    RequestOutputCollector,
+    merge_delta_outputs,
+)
+from mini.metrics.stats import (  # re-exported: phase 13 imports them from here
     FinishedRequestStats,
     IterationStats,
-    RequestOutputCollector,
     RequestTiming,
+    SchedulerStats,
     StatLogger,
-    merge_delta_outputs,
     record_output,
 )
-from mini.engine.output_processor import OutputProcessor
-from mini.metrics.stats import SchedulerStats
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
 from mini.system_utils import release_libgomp_threads

@@ -1,5 +1,8 @@
 """`AsyncLLM` in multiprocess mode: the front end on the event loop, the engine core in a child process.
 
+Why a file apart from async_llm.py (vLLM has one AsyncLLM): mini keeps an in-process AsyncLLM too (a thread
+design, for the course's views), and the two front ends do not fit one small file yet.
+
 Mirrors vllm/v1/engine/async_llm.py: `AsyncLLM.__init__` builds the input and output processors in this
 process and an asyncio engine-core client (`AsyncMPClient`, vllm/v1/engine/core_client.py; with data
 parallelism `DPAsyncMPClient`, mini/engine/dp_client.py); `_run_output_handler` starts ONE asyncio task, on
@@ -41,14 +44,8 @@ from mini.config import EngineConfig, engine_config_from_args
 from mini.core.request import RequestStatus
 from mini.engine.exceptions import EngineDeadError, EngineStepError
 from mini.engine.llm_engine import LLMEngine
-from mini.engine.output_collector import (
-    IterationStats,
-    RequestOutputCollector,
-    RequestTiming,
-    StatLogger,
-    record_output,
-)
-from mini.metrics.stats import SchedulerStats
+from mini.engine.output_processor import RequestOutputCollector
+from mini.metrics.stats import IterationStats, RequestTiming, SchedulerStats, StatLogger, record_output
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
 

@@ -59,11 +59,14 @@ import zmq.asyncio
 
 from mini.config import EngineConfig
 from mini.core.request import RequestStatus
-from mini.engine import EngineCoreOutput, EngineCoreRequest, message_trace
+from mini.engine import EngineCoreOutput, EngineCoreRequest
 from mini.engine.core import EngineCore
 from mini.engine.core_proc import run_engine_core
-from mini.engine.exceptions import EngineDeadError, EngineStepError
-from mini.engine.serial_utils import (
+from mini.engine.exceptions import EngineDeadError, EngineInternalsError, EngineStepError
+from mini.metrics import message_trace
+from mini.metrics.stats import SchedulerStats
+from mini.roles import Choices
+from mini.serial_utils import (
     EngineCoreOutputs,
     EngineCoreOutputType,
     EngineCoreRequestType,
@@ -72,8 +75,6 @@ from mini.engine.serial_utils import (
     encode,
     scheduler_stats_from_wire,
 )
-from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices
 from mini.system_utils import release_libgomp_threads
 
 logger = logging.getLogger(__name__)
@@ -137,6 +138,17 @@ class EngineCoreClient:
 
     is_multiprocess = False
     startup: dict[str, Any]
+    started_alongside: Any = None   # what `while_starting` returned (multiprocess), else None
+
+    def local_core(self, name: str) -> EngineCore:
+        """The `EngineCore` in this process, for the course's views and the tests that look inside; a client
+        whose core is in another process raises `EngineInternalsError` naming `name` and the switch."""
+        raise EngineInternalsError(internals_error(name))
+
+    def has_work(self) -> bool:
+        """Work only the core can see (an in-process core's steps still in flight); the front end's view of its
+        requests is its output processor's. A core in another process finishes its own: False."""
+        return False
 
     def add_request(self, request: EngineCoreRequest) -> None:
         raise NotImplementedError
@@ -147,7 +159,8 @@ class EngineCoreClient:
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         raise NotImplementedError
 
-    def get_output(self) -> EngineCoreOutputs:
+    def get_output(self, timeout: float | None = None) -> EngineCoreOutputs:
+        """The next step's outputs; a core in another process returns an empty one after `timeout` seconds."""
         raise NotImplementedError
 
     def shutdown(self) -> None:
@@ -160,6 +173,13 @@ class InprocClient(EngineCoreClient):
     def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
         self.engine_core = EngineCore(config, choices=choices)
         self.startup = self.engine_core.startup_info()
+        self.started_alongside = self.engine_core.tokenizer   # one tokenizer for the front end and the core
+
+    def local_core(self, name: str) -> EngineCore:
+        return self.engine_core
+
+    def has_work(self) -> bool:
+        return self.engine_core.has_unfinished_requests()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
@@ -170,8 +190,8 @@ class InprocClient(EngineCoreClient):
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         self.engine_core.finish_requests(request_ids, status)
 
-    def get_output(self) -> EngineCoreOutputs:
-        return EngineCoreOutputs(outputs=self.engine_core.step())
+    def get_output(self, timeout: float | None = None) -> EngineCoreOutputs:
+        return EngineCoreOutputs(outputs=self.engine_core.step())   # one step, inline: nothing to wait for
 
     def has_unfinished_requests(self) -> bool:
         return self.engine_core.has_unfinished_requests()

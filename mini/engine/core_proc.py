@@ -2,6 +2,9 @@
 
 Mirrors vllm/v1/engine/core.py (`EngineCoreProc`: `run_engine_core`, `run_busy_loop`,
 `process_input_sockets`, `process_output_sockets`, `_handle_client_request`, `_send_engine_dead`).
+Why a file apart from core.py (vLLM keeps `EngineCoreProc` in core.py): `EngineCore` is what the course reads
+step by step; the sockets, threads and signals of its process are phase 15's, and together they would not fit
+one small file.
 
 The child process runs three threads, as vLLM's:
 
@@ -52,9 +55,11 @@ import zmq
 
 from mini.config import EngineConfig
 from mini.core.request import RequestStatus
-from mini.engine import message_trace
 from mini.engine.core import EngineCore
-from mini.engine.serial_utils import (
+from mini.metrics import message_trace
+from mini.metrics.stats import SchedulerStats
+from mini.roles import Choices
+from mini.serial_utils import (
     EngineCoreOutputs,
     EngineCoreOutputType,
     EngineCoreRequestType,
@@ -63,8 +68,6 @@ from mini.engine.serial_utils import (
     decode_request,
     encode,
 )
-from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices
 
 logger = logging.getLogger(__name__)
 

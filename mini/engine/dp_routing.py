@@ -1,5 +1,8 @@
 """Which data-parallel engine core takes a new request: the least loaded one.
 
+Why a file of its own (vLLM has none): the rule is the `data_parallel` role's part, a phase-15 exercise, so a
+learner replaces it without touching the clients.
+
 Mirrors `DPLBAsyncMPClient.get_core_engine_for_request` in vllm/v1/engine/core_client.py, fed by the load
 counts of the DP coordinator (vllm/v1/engine/coordinator.py). With `data_parallel_size=N` the front end talks
 to N engine cores. The coordinator collects each core's `SchedulerStats` and publishes, every ~100 ms, one

@@ -16,9 +16,10 @@ the core the requests a stop string ended (the detokenizer finds those; vLLM abo
 `MINI_ENABLE_V1_MULTIPROCESSING=0`. Only in-process are the core's parts and step observers reachable from
 here; in multiprocess mode they raise `EngineInternalsError` naming the switch.
 
-`add_step_observer(fn)` (mini only) hands `fn` each step's `StepTrace` (mini/metrics/step_trace.py) for views,
-traces and tests; stat loggers get counters (`get_scheduler_stats()`, vllm/v1/metrics/stats.py). An engine
-with no observer builds no trace and copies no block table.
+`add_step_observer(fn)` (mini only) attaches `fn` to the in-process core, whose one `EngineCore.step` hands it
+each step's `StepTrace` (mini/metrics/step_trace.py) for views, traces and tests; stat loggers get counters
+(`get_scheduler_stats()`, vllm/v1/metrics/stats.py). An engine with no observer builds no trace and copies no
+block table.
 """
 
 from __future__ import annotations
@@ -32,24 +33,23 @@ from typing import Any
 from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import RequestStatus
-from mini.core.sched.output import SchedulerOutput
 from mini.core.sched.scheduler import Scheduler
 from mini.engine import EngineCoreRequest
 from mini.engine.core import EngineCore
-from mini.engine.core_client import EngineCoreClient, internals_error, multiprocessing_enabled
-from mini.engine.exceptions import EngineInternalsError, EngineStepError
+from mini.engine.core_client import EngineCoreClient, multiprocessing_enabled
+from mini.engine.exceptions import EngineStepError
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.parallel_sampling import ParentRequest
-from mini.engine.startup import kv_bytes_per_block
 from mini.metrics.stats import PoolSnapshot, SchedulerStats
-from mini.metrics.step_trace import StepObserver, StepTrace
+from mini.metrics.step_trace import StepObserver
 from mini.outputs import RequestOutput
 from mini.roles import Choices, choose
 from mini.sampling_params import SamplingParams
 from mini.structured_output import StructuredOutputManager
 from mini.tokenizer import load_tokenizer
 from mini.worker.model_runner import ModelRunner
+from mini.worker.startup import kv_bytes_per_block
 
 # Multiprocess mode: how long `step()` waits for the core's next outputs before returning none.
 STEP_WAIT_S = 1.0
@@ -74,9 +74,10 @@ class LLMEngine:
             from mini.engine.dp_client import make_dp_client
             self.engine_core = make_dp_client(self.multiprocess_mode, config, self.choices, asyncio_mode)
         else:
-            # A child core loads its own tokenizer; the front end loads this one while the child starts.
+            # A child core loads its own tokenizer; the front end loads this one while the child starts (an
+            # in-process client shares its core's instead and never calls it).
             load_front_end_tokenizer = None
-            if self.multiprocess_mode and not config.skip_tokenizer_init:
+            if not config.skip_tokenizer_init:
                 load_front_end_tokenizer = functools.partial(load_tokenizer, config.model_dir)
             self.engine_core = EngineCoreClient.make_client(self.multiprocess_mode, asyncio_mode, config,
                                                             self.choices, while_starting=load_front_end_tokenizer)
@@ -88,26 +89,20 @@ class LLMEngine:
         self.num_usable_tokens = int(info["num_usable_tokens"])
         if config.skip_tokenizer_init:
             self.tokenizer = None
-        elif self.engine_core.is_multiprocess:   # the core's process loaded its own
-            tokenizer = getattr(self.engine_core, "started_alongside", None)   # None from a data-parallel client
+        else:   # the in-process core's, or the one loaded while the child started (none from a DP client)
+            tokenizer = self.engine_core.started_alongside
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model_dir)
-        else:                                    # one tokenizer for the front end and the in-process core
-            self.tokenizer = self.engine_core.engine_core.tokenizer
         self.eos_token_id = info["eos_token_id"]     # the tokenizer's, else the checkpoint config's
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, config.max_model_len,
                                               self.eos_token_id)
         self.output_processor = OutputProcessor(self.tokenizer, self.choices)
         self._pending_outputs: list[RequestOutput] = []
-        # Called once at the end of every step that scheduled (views, traces, tests); none by default.
-        self._step_observers: list[StepObserver] = []
 
     # ------------------------------------------------------------------ the engine core's parts
     # An in-process engine core's pieces, for the course's views and the tests that look inside.
     def _core(self, name: str) -> EngineCore:
         """The in-process `EngineCore`; in multiprocess mode an error naming `name` and the switch."""
-        if self.engine_core.is_multiprocess:
-            raise EngineInternalsError(internals_error(name))
-        return self.engine_core.engine_core
+        return self.engine_core.local_core(name)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -143,7 +138,7 @@ class LLMEngine:
 
     @property
     def startup_report(self) -> Any:
-        """What start-up measured (mini/engine/startup.py); None with `num_gpu_blocks_override`."""
+        """What start-up measured (mini/worker/startup.py); None with `num_gpu_blocks_override`."""
         return self._core("startup_report").startup_report
 
     @staticmethod
@@ -205,9 +200,7 @@ class LLMEngine:
         `process_request` returned for this `request_id` (vLLM's `LLMEngine.add_request` takes either);
         then `params`, `arrival_time` and `priority` are the request's own and the arguments are ignored.
         """
-        inproc_core = None if self.engine_core.is_multiprocess else getattr(self.engine_core, "engine_core", None)
-        in_core = inproc_core is not None and request_id in inproc_core.scheduler.requests
-        if self.output_processor.has_request(request_id) or in_core:
+        if self.output_processor.has_request(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         if isinstance(prompt, EngineCoreRequest):
             if prompt.request_id != request_id:
@@ -236,32 +229,15 @@ class LLMEngine:
             self.output_processor.add_request(child, parent, index)
 
     def step(self) -> list[RequestOutput]:
-        """One engine iteration: schedule, run the model once, turn its tokens into outputs.
-
-        With step observers attached (`add_step_observer`), each is called once at the end with the step's
-        `StepTrace`; without, no trace is built."""
+        """One engine iteration: the core's next step's outputs (in process: one `EngineCore.step()`; in a
+        child process: what it sent, or none after `STEP_WAIT_S`), turned into `RequestOutput`s."""
         outputs, self._pending_outputs = self._pending_outputs, []
         if not self.has_unfinished_requests():
             return outputs
-        if not self._step_observers:
-            # In process: one EngineCore.step(); multiprocess: the core's next step's outputs (or none yet).
-            engine_core_outputs = (self.engine_core.get_output(timeout=STEP_WAIT_S) if self.multiprocess_mode
-                                   else self.engine_core.get_output())
-            if engine_core_outputs.failed_requests:
-                self._fail_requests(engine_core_outputs.failed_requests)
-            return outputs + self._process_core_outputs(engine_core_outputs.outputs)
-        core = self._core("add_step_observer")   # step observers: in-process only
-        if core.batch_queue:   # async scheduling: a traced step runs alone, after the steps in flight
-            outputs += self._process_core_outputs(core.drain_batch_queue())
-            if not core.scheduler.has_unfinished_requests():
-                return outputs
-        scheduler_output = core.scheduler.schedule()
-        trace = self._new_trace(scheduler_output) if self._step_observers else None
-        runner_output, core_outputs = core.execute_scheduled(scheduler_output, trace)
-        outputs += self._process_core_outputs(core_outputs)
-        if trace is not None:
-            self._notify_step_observers(trace, runner_output, outputs)
-        return outputs
+        engine_core_outputs = self.engine_core.get_output(timeout=STEP_WAIT_S)
+        if engine_core_outputs.failed_requests:
+            self._fail_requests(engine_core_outputs.failed_requests)
+        return outputs + self._process_core_outputs(engine_core_outputs.outputs)
 
     def _fail_requests(self, failed: dict[str, str]) -> None:
         """A step raised in the engine-core process: it aborted these requests; forget them here and raise."""
@@ -284,19 +260,15 @@ class LLMEngine:
         """Call `observer(trace)` at the end of every step that schedules; returns a function removing it.
 
         The `StepTrace` (mini/metrics/step_trace.py) holds the step's SchedulerOutput, the runner's flat
-        inputs, the persistent batch's BatchUpdate, the sampled tokens and the outputs; `trace.snapshot()`,
-        called inside the observer, copies the queues and the KV pool (nothing is copied otherwise).
+        inputs, the persistent batch's BatchUpdate, the sampled tokens and the core's outputs;
+        `trace.snapshot()`, called inside the observer, copies the queues and the KV pool (nothing is copied
+        otherwise). The core feeds it from its one `step` (mini/engine/core.py), so it is in-process only.
         """
-        if not callable(observer):
-            raise TypeError(f"a step observer must be callable, got {type(observer).__name__}")
-        self._core("add_step_observer")   # in-process engines only
-        self._step_observers.append(observer)
-        return lambda: self.remove_step_observer(observer)
+        return self._core("add_step_observer").add_step_observer(observer)
 
     def remove_step_observer(self, observer: StepObserver) -> None:
         """Stop calling `observer` (nothing happens if it is not attached)."""
-        if observer in self._step_observers:
-            self._step_observers.remove(observer)
+        self._core("remove_step_observer").remove_step_observer(observer)
 
     def get_scheduler_stats(self) -> SchedulerStats:
         """The scheduler's counters now (vLLM hands the same `SchedulerStats` to its stat loggers)."""
@@ -310,21 +282,7 @@ class LLMEngine:
 
     def snapshot_pool(self) -> PoolSnapshot:
         """A copy of the scheduler's queues and the KV pool now (block tables, free queue, ref counts)."""
-        return PoolSnapshot.from_scheduler(self.scheduler)
-
-    def _new_trace(self, scheduler_output: SchedulerOutput) -> StepTrace:
-        return StepTrace(step=self.scheduler.step_index, scheduler_output=scheduler_output,
-                         _take_snapshot=self.snapshot_pool)
-
-    def _notify_step_observers(self, trace: StepTrace, runner_output: Any, outputs: list[RequestOutput]) -> None:
-        trace.req_ids = list(runner_output.req_ids)
-        trace.sampled_token_ids = runner_output.sampled_token_ids
-        trace.outputs = list(outputs)
-        try:
-            for observer in list(self._step_observers):
-                observer(trace)
-        finally:
-            trace.close()
+        return self._core("snapshot_pool").snapshot_pool()
 
     def abort_request(self, request_ids: list[str] | str) -> None:
         """Stop requests now; their blocks are freed at once and a final output has finish_reason 'abort'."""
@@ -341,16 +299,13 @@ class LLMEngine:
         return self.engine_core.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
-        if self._pending_outputs:
-            return True
-        if self.multiprocess_mode:    # the front end's view, as vLLM's (the core's lives in its process)
-            return self.output_processor.has_unfinished_requests()
-        return self.engine_core.has_unfinished_requests()
+        """The front end's view, as vLLM's, or work only the core can see (`EngineCoreClient.has_work`: an
+        in-process core's steps still in flight; a child process finishes its own)."""
+        return (bool(self._pending_outputs) or self.output_processor.has_unfinished_requests()
+                or self.engine_core.has_work())
 
     def get_num_unfinished_requests(self) -> int:
-        if self.multiprocess_mode:
-            return self.output_processor.get_num_unfinished_requests()
-        return self.engine_core.get_num_unfinished_requests()
+        return self.output_processor.get_num_unfinished_requests()
 
     def shutdown(self) -> None:
         """Stop the engine core (its process, in multiprocess mode). Idempotent; also run when collected."""

@@ -13,10 +13,15 @@ processor
 As vLLM's, `process_outputs` returns one RequestOutput per reporting request: the n children of one parent
 that report in the same step give up to n RequestOutputs with the parent's id, one child each (`AsyncLLM`'s
 collector folds them by sample index for its reader).
+
+`RequestOutputCollector` is one request's mailbox between the output processor and an `AsyncLLM.generate`
+reader (vLLM keeps it in this file too): at most one unread output, a slow reader getting the newer outputs
+merged into it (`merge_delta_outputs` for DELTA, `replace_by_index` otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,6 +36,80 @@ from mini.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
     from mini.engine import EngineCoreOutput, EngineCoreRequest
+
+
+def merge_delta_outputs(pending: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """Fold a newer DELTA output into an unread one: texts/tokens/logprobs appended per sample index.
+
+    vLLM: `RequestOutput.add(next_output, aggregate=True)` (vllm/outputs.py). The samples keep vLLM's order:
+    `pending`'s as they were, then any index heard from only now, in `new`'s order."""
+    by_index: dict[int, CompletionOutput] = {c.index: dataclasses.replace(c, token_ids=list(c.token_ids))
+                                             for c in pending.outputs}
+    for completion in new.outputs:
+        old = by_index.get(completion.index)
+        if old is None:
+            by_index[completion.index] = completion
+            continue
+        logprobs = old.logprobs
+        if completion.logprobs is not None:
+            logprobs = (logprobs or []) + list(completion.logprobs)
+        by_index[completion.index] = dataclasses.replace(
+            completion, text=old.text + completion.text, token_ids=old.token_ids + list(completion.token_ids),
+            logprobs=logprobs)
+    return dataclasses.replace(
+        new, outputs=list(by_index.values()),
+        prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
+
+
+def replace_by_index(pending: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """Fold a newer CUMULATIVE / FINAL_ONLY output into an unread one: each sample index keeps its newest output
+    (vLLM: `RequestOutput.add(next_output, aggregate=False)`), so with n > 1, where each output carries one
+    child, a reader who falls behind still sees every child heard from. Same order as `merge_delta_outputs`."""
+    by_index = {completion.index: completion for completion in pending.outputs}
+    by_index.update((completion.index, completion) for completion in new.outputs)  # a known index keeps its place
+    return dataclasses.replace(
+        new, outputs=list(by_index.values()),
+        prompt_logprobs=pending.prompt_logprobs if pending.prompt_logprobs is not None else new.prompt_logprobs)
+
+
+class RequestOutputCollector:
+    """One request's mailbox (vLLM: RequestOutputCollector): at most one unread output, or an error.
+
+    `put` runs on the event loop (the engine thread schedules it with call_soon_threadsafe); `get`
+    awaits the next output.
+    """
+
+    def __init__(self, output_kind: RequestOutputKind, loop: asyncio.AbstractEventLoop) -> None:
+        self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.loop = loop
+        self.output: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | BaseException) -> None:
+        if isinstance(self.output, BaseException):
+            return  # an error already waits: it is final
+        if self.output is None or isinstance(output, BaseException):
+            self.output = output
+        elif self.aggregate:
+            self.output = merge_delta_outputs(self.output, output)
+        else:
+            self.output = replace_by_index(self.output, output)
+        self.ready.set()
+
+    def put_threadsafe(self, output: RequestOutput | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.put, output)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            pass
+
+    async def get(self) -> RequestOutput:
+        while self.output is None:
+            await self.ready.wait()
+        output, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(output, BaseException):
+            raise output
+        return output
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ index order; DELTA and CUMULATIVE return just the output that arrived (a child's
 text so far), except a late report from a child already reported finished, which returns nothing. So
 with CUMULATIVE and n > 1 each RequestOutput holds ONE child's output (its `index` says which), and a
 reader who wants the whole request keeps the latest output per index: `AsyncLLM`'s collector does that
-for a reader who falls behind (mini/engine/output_collector.py, vLLM's `RequestOutput.add`).
+for a reader who falls behind (mini/engine/output_processor.py, vLLM's `RequestOutput.add`).
 """
 
 from __future__ import annotations

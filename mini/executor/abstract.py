@@ -49,8 +49,8 @@ class Executor:
 
     def execute_model_non_block(self, scheduler_output: Any, grammar_output: Any = None) -> Future[ModelRunnerOutput]:
         """Start one step and return its future at once (vLLM: `execute_model(..., non_block=True)`), for async
-        scheduling (mini/engine/batch_queue.py). This default runs the step before returning (a done future);
-        an executor that can overlap overrides it (`UniProcExecutor`: a worker thread)."""
+        scheduling (`EngineCore.step_with_batch_queue`, mini/engine/core.py). This default runs the step before
+        returning (a done future); an executor that can overlap overrides it (`UniProcExecutor`: a worker thread)."""
         future: Future[ModelRunnerOutput] = Future()
         try:
             future.set_result(self.execute_model(scheduler_output, grammar_output))

@@ -53,9 +53,9 @@ from typing import Any
 import torch
 
 from mini.config import EngineConfig
-from mini.engine import message_trace
 from mini.engine.exceptions import EngineDeadError
 from mini.executor.abstract import Executor
+from mini.metrics import message_trace
 from mini.roles import Choices
 from mini.runner_outputs import ModelRunnerOutput
 from mini.system_utils import release_libgomp_threads

@@ -17,13 +17,21 @@ a preemption counts in `preempted_requests` / `preempted_queries` / `preempted_h
 after `reset_prefix_cache()`). vLLM's scheduler hands over the counts since it last built its stats and
 the stat logger adds them up; mini's carry the running totals instead (since the engine started or the
 cache was last reset), which is what a view or a benchmark wants to read.
+
+`IterationStats` / `FinishedRequestStats` are what one step's outputs carried as they left the engine (token
+counts, time to first token, inter-token and end-to-end latencies), counted by `record_output` as vLLM's
+`IterationStats.update_from_output`; a `StatLogger` gets `(SchedulerStats, IterationStats)` after each step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from mini.outputs import RequestOutput
+from mini.sampling_params import RequestOutputKind
 
 
 @dataclass(slots=True)
@@ -165,3 +173,62 @@ class PoolSnapshot:
             request_block_hashes={r.request_id: list(manager.req_to_block_hashes.get(r.request_id, []))
                                   for r in unfinished},
         )
+
+
+@dataclass(slots=True)
+class FinishedRequestStats:
+    """One finished request (vLLM: FinishedRequestStats)."""
+
+    request_id: str
+    finish_reason: str | None
+    e2e_latency_s: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """What one engine step produced (vLLM: vllm/v1/metrics/stats.py IterationStats)."""
+
+    num_prompt_tokens: int = 0             # prompts of requests that got their first token this step
+    num_generation_tokens: int = 0
+    time_to_first_tokens_s: list[float] = field(default_factory=list)
+    inter_token_latencies_s: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """When a request arrived and what of it has left the engine (for its latencies)."""
+
+    arrival_time: float
+    output_kind: RequestOutputKind
+    num_tokens: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+
+StatLogger = Callable[[SchedulerStats, IterationStats], None]
+
+
+def record_output(output: RequestOutput, timing: RequestTiming, now: float, iteration: IterationStats) -> None:
+    """Count one output leaving the engine into this step's `IterationStats` (first-token, inter-token and
+    end-to-end latencies, token counts), as vLLM's `IterationStats.update_from_output`."""
+    produced = sum(len(c.token_ids) for c in output.outputs)
+    new_tokens = produced if timing.output_kind == RequestOutputKind.DELTA else produced - timing.num_tokens
+    if new_tokens > 0:
+        if timing.first_token_time is None:
+            timing.first_token_time = now
+            iteration.time_to_first_tokens_s.append(now - timing.arrival_time)
+            iteration.num_prompt_tokens += len(output.prompt_token_ids or [])
+        else:
+            iteration.inter_token_latencies_s.append(now - timing.last_token_time)
+        timing.last_token_time = now
+        timing.num_tokens += new_tokens
+        iteration.num_generation_tokens += new_tokens
+    if output.finished:
+        reasons = {c.finish_reason for c in output.outputs}
+        iteration.finished_requests.append(FinishedRequestStats(
+            request_id=output.request_id, finish_reason=reasons.pop() if len(reasons) == 1 else "mixed",
+            e2e_latency_s=now - timing.arrival_time, num_prompt_tokens=len(output.prompt_token_ids or []),
+            num_generation_tokens=timing.num_tokens))

@@ -4,7 +4,8 @@ vLLM's engine hands its stat loggers counters (`SchedulerStats`, `IterationStats
 nothing else about a step leaves the engine core. mini's course draws more: what a step scheduled, the
 flat batch the runner built, how the persistent batch's rows moved, and the block tables after it. An
 engine with no observer builds none of it; one with observers builds a `StepTrace` per step and calls
-each observer once, at the end of `LLMEngine.step()`:
+each observer once, at the end of the one `EngineCore.step()` (mini/engine/core.py), as the step's outputs
+leave the core:
 
     traces = []
     remove = llm.llm_engine.add_step_observer(lambda trace: traces.append((trace, trace.snapshot())))
@@ -25,14 +26,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mini.core.sched.output import SchedulerOutput
     from mini.metrics.stats import PoolSnapshot
-    from mini.outputs import RequestOutput
     from mini.sample.logits_processor.interface import BatchUpdate
     from mini.worker.prepare_inputs import PreparedInputs
 
 
 @dataclass(slots=True, eq=False)
 class StepTrace:
-    """What one `LLMEngine.step()` did, for views, traces and tests."""
+    """What one `EngineCore.step()` did, for views, traces and tests."""
 
     step: int                                   # the scheduler's step count (1 for the first schedule())
     scheduler_output: SchedulerOutput           # what schedule() decided
@@ -42,7 +42,7 @@ class StepTrace:
     batch_update: BatchUpdate | None = None     # what the persistent batch told the logits processors
     sampled_token_ids: list[list[int]] = field(default_factory=list)  # per row: the tokens it produced
     grammar_mask_seconds: float | None = None   # structured output: time to fill the bitmask (None: no row)
-    outputs: list[RequestOutput] = field(default_factory=list)        # what step() returns
+    outputs: list = field(default_factory=list)   # the EngineCoreOutputs (mini/engine/__init__.py) step() returns
     _take_snapshot: Callable[[], PoolSnapshot] | None = field(default=None, repr=False)
     _snapshot: PoolSnapshot | None = field(default=None, repr=False)
 

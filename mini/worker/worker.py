@@ -6,7 +6,7 @@ Mirrors vllm/v1/worker/gpu_worker.py (`Worker`: `load_model`, `determine_availab
 each in its own process. The worker's life has three steps, in this order, as vLLM's:
 
     load_model()              the weights (this rank's shard of them)
-    determine_num_blocks()    profile a forward at the maximum batch, size the KV cache (mini/engine/startup.py)
+    determine_num_blocks()    profile a forward at the maximum batch, size the KV cache (mini/worker/startup.py)
     initialize_cache(n)       allocate n KV blocks per layer and build the model runner around them
 
 With several workers the executor takes the smallest block count any of them can afford, so every rank holds
@@ -19,16 +19,16 @@ import dataclasses
 from typing import Any
 
 from mini.config import EngineConfig
-from mini.engine.startup import (
+from mini.model.loader import load_model
+from mini.roles import DEFAULT, Choices
+from mini.runner_outputs import ModelRunnerOutput
+from mini.worker.model_runner import ModelRunner
+from mini.worker.startup import (
     StartupReport,
     determine_num_kv_blocks,
     kv_bytes_per_block,
     resolve_max_model_len,
 )
-from mini.model.loader import load_model
-from mini.roles import DEFAULT, Choices
-from mini.runner_outputs import ModelRunnerOutput
-from mini.worker.model_runner import ModelRunner
 
 
 class Worker:
@@ -54,7 +54,7 @@ class Worker:
         """Total KV blocks INCLUDING the null block 0 (vLLM's num_gpu_blocks counts it too).
 
         `num_gpu_blocks_override` wins; otherwise a profiling run measures the peak activation memory and the
-        KV cache gets what remains of the budget (mini/engine/startup.py says which budget and why).
+        KV cache gets what remains of the budget (mini/worker/startup.py says which budget and why).
         """
         if self.config.num_gpu_blocks_override is not None:
             return int(self.config.num_gpu_blocks_override)

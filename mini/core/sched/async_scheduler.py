@@ -2,8 +2,9 @@
 
 Mirrors vllm/v1/core/sched/async_scheduler.py (`AsyncScheduler._update_after_schedule`) and the async branches
 of vllm/v1/core/sched/scheduler.py (`num_output_placeholders` in `schedule`, `_update_request_with_output`,
-`_preempt_request`). With async scheduling the engine core (mini/engine/batch_queue.py) calls `schedule()` for
-step N+1 while step N's forward runs. A request step N will sample a token for has that token's position
+`_preempt_request`). With async scheduling the engine core (`EngineCore.step_with_batch_queue`,
+mini/engine/core.py) calls `schedule()` for step N+1 while step N's forward runs. A request step N will sample
+a token for has that token's position
 counted already: `num_computed_tokens` moved past it at schedule time, and `num_output_placeholders` says how
 many of the tokens it counts are not known yet. Step N+1 feeds the placeholder as the request's next input; the
 model runner fills it in, because it runs the steps in order and appended step N's sample to its own copy of
@@ -18,8 +19,8 @@ What changes against synchronous scheduling, and how output stays identical:
     ("stale" output, vLLM's `num_stale_output_tokens`): appended, stop-checked, reported; it re-prefills with it;
   * a block whose last token was a placeholder at allocation is hashed once the token is known
     (`KVCacheManager.cache_blocks`, as vLLM's `update_from_output` calls it under async scheduling).
-mini differs: no speculative decoding or pipeline parallelism with it (refused in mini/engine/async_config.py),
-so one sampled token per step and at most one step in flight.
+mini differs: no speculative decoding or pipeline parallelism with it (refused by `validate_async_scheduling` in
+mini/config.py), so one sampled token per step and at most one step in flight.
 """
 
 from __future__ import annotations

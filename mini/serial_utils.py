@@ -1,7 +1,8 @@
-"""What crosses the process boundary between the front end and the engine core, and how it is encoded.
+"""How what crosses the process boundary between the front end and the engine core is encoded.
 
-Mirrors vllm/v1/engine/__init__.py (`EngineCoreRequestType`, `EngineCoreOutputs`, `UtilityOutput`) and
-vllm/v1/serial_utils.py (`MsgpackEncoder` / `MsgpackDecoder`: msgspec's msgpack with typed decoding).
+Mirrors vllm/v1/serial_utils.py (`MsgpackEncoder` / `MsgpackDecoder`: msgspec's msgpack with typed decoding).
+The messages themselves (`EngineCoreRequestType`, `EngineCoreOutputType`, `UtilityOutput`, `EngineCoreOutputs`)
+are in mini/engine/__init__.py, as vLLM keeps them in vllm/v1/engine/__init__.py; they are re-exported here.
 
 Where mini differs, and why:
 * `EngineCoreRequest` and `EngineCoreOutput` (mini/engine/__init__.py) stay slotted dataclasses, as the rest
@@ -17,53 +18,19 @@ Where mini differs, and why:
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any
 
 import msgspec
 
-from mini.engine import EngineCoreOutput, EngineCoreRequest
+from mini.engine import (  # the messages; re-exported here
+    EngineCoreOutputs,
+    EngineCoreOutputType,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    UtilityOutput,
+)
 from mini.metrics.stats import SchedulerStats
 from mini.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
-
-
-class EngineCoreRequestType(enum.Enum):
-    """The first frame of every message to the engine core (vLLM's `EngineCoreRequestType`)."""
-
-    ADD = b"\x00"
-    ABORT = b"\x01"
-    UTILITY = b"\x03"
-
-
-class EngineCoreOutputType(enum.Enum):
-    """The first frame of every message from the engine core (mini's; vLLM sends `ENGINE_CORE_DEAD` as a
-    bare frame and the handshake on a separate socket)."""
-
-    READY = b"R"             # start-up succeeded: payload = the core's startup_info()
-    STARTUP_FAILED = b"F"    # start-up raised: payload = the error text (with its traceback)
-    OUTPUTS = b"O"           # an EngineCoreOutputs
-    DEAD = b"D"              # the core hit an error it cannot recover from: payload = the error text
-
-
-class UtilityOutput(msgspec.Struct, omit_defaults=True):
-    """The answer to one utility call (vLLM's `UtilityOutput`)."""
-
-    call_id: int
-    failure_message: str | None = None
-    result: Any = None
-
-
-class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
-    """Everything one engine-core step (or one utility call) hands back to the front end."""
-
-    engine_index: int = 0
-    outputs: list[EngineCoreOutput] = []
-    scheduler_stats: SchedulerStats | None = None
-    timestamp: float = 0.0
-    utility_output: UtilityOutput | None = None
-    # mini: a step raised; these requests were aborted in the core (id -> the error's text).
-    failed_requests: dict[str, str] | None = None
-
 
 # ---------------------------------------------------------------------------- encoding
 _encoder = msgspec.msgpack.Encoder()
@@ -112,3 +79,7 @@ def decode_request(data: bytes) -> EngineCoreRequest:
 def scheduler_stats_from_wire(raw: Any) -> SchedulerStats | None:
     """A utility call's `SchedulerStats` result (sent untyped) back as the dataclass."""
     return None if raw is None else msgspec.convert(raw, SchedulerStats)
+
+
+__all__ = ["EngineCoreOutputType", "EngineCoreOutputs", "EngineCoreRequestType", "UtilityOutput", "decode_any",
+           "decode_outputs", "decode_request", "encode", "sampling_params_from_wire", "scheduler_stats_from_wire"]
