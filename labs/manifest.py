@@ -3,8 +3,8 @@
 Each `labs/checks/pNN.py` ends with a `PHASE = Phase(...)` table. Everything else is generated from it:
 the lab tests (`labs/test_labs.py`, one parametrised test per exercise), the names `labs.plug` accepts,
 and the consistency tests that hold the table, the notebook's nbgrader cells and the engine's roles
-together (tests/test_course_manifest.py). Adding a phase means: the notebook, its checks module with
-its table, and the README's phase map.
+together (tests/course/test_plug.py, test_release.py, test_lab_prose.py). Adding a phase means: the
+notebook, its checks module with its table, and the README's phase map.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 #
 # The suite runs in mini's default mode, the engine core in a child process (MINI_ENABLE_V1_MULTIPROCESSING
 # unset); the files that look inside an engine build theirs in-process anyway (tests/conftest.py). Without
-# extra arguments, the files whose engines follow the mode then run again with the core in-process, so both
-# modes are tested.
+# extra arguments, the files marked `engine_modes` (their engines follow the mode) then run again with the
+# core in-process, so both modes are tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,9 +13,5 @@ bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -n 2 --dist loadfile tests labs --reference "$@"
 if [ "$#" -eq 0 ]; then
-    MINI_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -n 2 --dist loadfile \
-        tests/test_entry_openai_server.py tests/test_entry_openai_load.py tests/test_entry_openai_contract.py \
-        tests/test_entry_openai_api_key.py tests/test_engine_chat.py tests/test_engine_core_client.py \
-        tests/test_structured_output_logprobs.py tests/test_structured_output_nesting.py \
-        tests/test_cli_engine_args.py tests/test_bench_prefix.py tests/test_engine_boundary.py
+    MINI_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -n 2 --dist loadfile -m engine_modes tests
 fi

@@ -23,27 +23,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 # The engine-core mode of the suite (mini/engine/core_client.py): MINI_ENABLE_V1_MULTIPROCESSING as set when
-# pytest starts (unset: mini's default, the core in a child process). Test files that look inside an engine
+# pytest starts (unset: mini's default, the core in a child process). Test modules that look inside an engine
 # (its scheduler, model runner, step observers; the course's views, plugged parts and checks) build their
-# engines in process whatever the suite's mode: the files below and every test_course_* / test_views_* file.
-INPROC_TEST_PREFIXES = ("test_course_", "test_views_")
-INPROC_TEST_FILES = frozenset({
-    "test_async_scheduling", "test_core_prefix_cache_fidelity", "test_core_prefix_caching",
-    "test_core_scheduler", "test_core_scheduler_roles", "test_core_spec_rollback", "test_engine_api",
-    "test_engine_async_llm", "test_engine_compile", "test_engine_detokenizer_roles", "test_engine_exactness", "test_engine_shipped",
-    "test_engine_spec_decode", "test_engine_startup_sizing", "test_engine_step_observer",
-    "test_entry_beam_search", "test_import_graph", "test_model_smollm2", "test_runner_host_syncs",
-    "test_runner_roles", "test_runner_sampling_metadata_reuse", "test_structured_output_engine",
-    "test_structured_output_roles", "test_structured_output_view", "test_tp_engine", "test_triton_engine",
-    "test_vllm_citations", "test_worker_block_table", "test_worker_cuda_graph",
-})
+# engines in process whatever the suite's mode: those marked `inprocess_engine` and everything under tests/course/.
+INPROC_FOLDER = Path(__file__).resolve().parent / "course"
 
 
 @pytest.fixture(autouse=True, scope="module")
 def engine_core_mode(request):
-    """In-process engine cores for the modules that look inside the engine (see INPROC_TEST_FILES)."""
-    name = request.path.stem
-    if name in INPROC_TEST_FILES or name.startswith(INPROC_TEST_PREFIXES):
+    """In-process engine cores for the modules that look inside the engine (marked, or under tests/course/)."""
+    if request.node.get_closest_marker("inprocess_engine") or INPROC_FOLDER in request.path.resolve().parents:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "0")
             yield "inproc"

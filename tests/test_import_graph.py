@@ -13,7 +13,12 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 import mini
+
+# It looks inside the engine (scheduler, runner, observers): its engines run in-process in either suite mode.
+pytestmark = pytest.mark.inprocess_engine
 
 ROOT = pathlib.Path(mini.__file__).parent
 

@@ -7,6 +7,9 @@ import pytest
 
 from labs.course.vllm_citations import check_text, cited_sources, find_broken_citations, load_index
 
+# It looks inside the engine (scheduler, runner, observers): its engines run in-process in either suite mode.
+pytestmark = pytest.mark.inprocess_engine
+
 
 def test_the_index_is_the_pinned_release():
     index = load_index()

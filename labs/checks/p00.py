@@ -15,7 +15,7 @@ or a tensor of the right value fails, naming the type), and a wrong count names 
 
 vLLM counterparts: `kv_bytes_per_block` is `AttentionSpec.page_size_bytes` (vllm/v1/kv_cache_interface.py)
 summed over the layers, with the head size and KV heads of vllm/transformers_utils/model_arch_config_convertor.py;
-that code passes this check (tests/test_course_vllm_answers_p00.py). The two loops have no vLLM counterpart
+that code passes this check (tests/course/vllm_answers/test_p00.py). The two loops have no vLLM counterpart
 (vLLM never runs a loop without its paged cache).
 """
 

@@ -17,7 +17,7 @@ leaves in its state, the checks report it (a wrong answer never crashes them).
 
 vLLM v0.33.0's own `FreeKVCacheBlockQueue`, `BlockPool.get_new_blocks` and `BlockPool.free_blocks`
 (vllm/v1/core/kv_cache_utils.py, vllm/v1/core/block_pool.py) pass these checks
-(tests/test_course_vllm_answers_p01.py). `allocate_slots` has no vLLM counterpart that runs on its own:
+(tests/course/vllm_answers/test_p01.py). `allocate_slots` has no vLLM counterpart that runs on its own:
 vLLM's `KVCacheManager.allocate_slots` goes through the KV-cache coordinator and its per-type managers;
 mini's is the full-attention, single-group case of it.
 """

@@ -17,7 +17,7 @@ a request whose blocks are 7 then 3), so a rule fitted to block_size 4 alone fai
 
 vLLM v0.33.0 builds these in `GPUModelRunner._prepare_inputs` (vllm/v1/worker/gpu_model_runner.py): its
 positions logic (`GPUModelRunner._get_cumsum_and_arange` plus one gather) runs on the CPU and passes
-check_positions (tests/test_course_vllm_answers_p02.py); its slot mapping is a Triton kernel
+check_positions (tests/course/vllm_answers/test_p02.py); its slot mapping is a Triton kernel
 (`ComputeSlotMappingKernel.kernel` in vllm/v1/worker/block_table.py), also run against check_slot_mapping
 there when Triton is installed; `query_start_loc` and the input-id gather are inline code, with no
 function of their own to run.

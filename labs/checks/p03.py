@@ -19,7 +19,7 @@ in half precision the output must be that float32 result rounded once (the bits 
 
 vLLM v0.33.0's counterparts: `store_kv` is the CUDA `reshape_and_cache_flash` (csrc/cache_kernels.cu), whose
 Triton twin `reshape_and_cache_kernel_flash` (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py) passes
-check_store_kv (tests/test_course_vllm_answers_p03.py); `gather_kv` has none (vLLM never gathers the cache);
+check_store_kv (tests/course/vllm_answers/test_p03.py); `gather_kv` has none (vLLM never gathers the cache);
 `paged_attention` exists only as GPU kernels (FlashAttention, `kernel_unified_attention`).
 """
 

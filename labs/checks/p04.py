@@ -18,7 +18,7 @@ gain, statistics in bfloat16; no minus sign, GPT-J pairs, cos and sin swapped) a
 run_model notices (logits, hidden) returned in the wrong order; update_states names the invariant the first
 differing field breaks. vLLM v0.33.0's `rms_norm` (vllm/ir/ops/layernorm.py) and
 `ApplyRotaryEmb.forward_static` (vllm/model_executor/layers/rotary_embedding/common.py) pass these checks
-(tests/test_course_vllm_answers_p04.py); the other exercises mirror inline code or methods of
+(tests/course/vllm_answers/test_p04.py); the other exercises mirror inline code or methods of
 `GPUModelRunner` that need a GPU runner, and run nowhere here.
 """
 

@@ -26,7 +26,7 @@ vLLM v0.33.0 (vllm/v1/core/sched/scheduler.py) is the authority for every rule g
 cap keeps a position for the sampled token (`max_model_len - num_computed_tokens - 1`), the priority
 victim is `max(running, key=(priority, arrival_time))` (the first such on a tie), a request alone gets
 no `long_prefill_token_threshold` cap, and a request that preempts itself under the priority policy lets
-the running pass go on. tests/test_course_vllm_answers_p05.py runs vLLM's own victim choice and token
+the running pass go on. tests/course/vllm_answers/test_p05.py runs vLLM's own victim choice and token
 count through these checks. mini's own rule on top (vLLM frees them cached): blocks allocated this step to
 a victim undone later in the same step are taken out of the prefix cache (`uncache_uncomputed_blocks`).
 """

@@ -29,7 +29,7 @@ garbage where nothing was written, not zeros by chance.
 
 vLLM v0.33.0's counterparts are Triton kernels with their own signatures: `reshape_and_cache_kernel_flash`
 (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py), launched on the two sides of mini's cache, passes
-check_store_kv (tests/test_course_vllm_answers_p07.py; its inputs are packed first where their last dimension
+check_store_kv (tests/course/vllm_answers/test_p07.py; its inputs are packed first where their last dimension
 is strided, which vLLM's callers never pass and mini's store_kv accepts); `kernel_unified_attention` (the online
 softmax is inline there, no function of its own) is too entangled with vLLM's platform code to launch here.
 """

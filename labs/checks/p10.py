@@ -17,7 +17,7 @@ vLLM v0.33.0's own `hash_block_tokens` (vllm/v1/core/kv_cache_utils.py), `BlockP
 (vllm/v1/core/kv_cache_manager.py, with `FullAttentionManager.find_longest_cache_hit` from
 vllm/v1/core/single_type_kv_cache_manager.py) and its request block hasher (`get_request_block_hasher`, vLLM's
 counterpart of mini's `hash_request_tokens`) pass these checks, adapted only in their call shape
-(tests/test_course_vllm_answers_p10.py).
+(tests/course/vllm_answers/test_p10.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ chi-square bound), whatever the draft distribution q was.
 
 vLLM counterparts: `propose_ngram` is `_find_longest_matched_ngram_and_propose_tokens`
 (vllm/v1/spec_decode/ngram_proposer.py; numba-jitted, but plain Python inside), which passes this check
-(tests/test_course_vllm_answers_p12.py). vLLM's rejection sampler exists only as Triton kernels
+(tests/course/vllm_answers/test_p12.py). vLLM's rejection sampler exists only as Triton kernels
 (vllm/v1/sample/rejection_sampler.py: `rejection_greedy_sample_kernel`, `rejection_random_sample_kernel`,
 `sample_recovered_tokens_kernel`, driven by `rejection_sample`); run under Triton's interpreter, it passes
 `check_rejection_sample`. `compute_residual_probs` has no counterpart (the kernel never normalises the

@@ -15,7 +15,7 @@ works in a notebook (whose kernel already runs a loop) as in pytest.
 `plug_serving(output_handler_step, generate_stream)` is phase 13's "Plug it in": the learner's two pieces
 drive the shipped model through `InprocEngineCore` (mini/engine/async_llm.py) while one client disconnects.
 
-vLLM counterparts (tests/test_course_vllm_answers_p13.py): `RequestOutput.add` (vllm/outputs.py) passes
+vLLM counterparts (tests/course/vllm_answers/test_p13.py): `RequestOutput.add` (vllm/outputs.py) passes
 `check_merge_delta_outputs`; `AsyncLLM.generate` (vllm/v1/engine/async_llm.py) passes `check_generate_stream`;
 `request_memory` (vllm/v1/worker/utils.py), `_check_enough_kv_cache_memory` and
 `get_kv_cache_config_from_groups` (vllm/v1/core/kv_cache_planning.py) pass `check_determine_num_gpu_blocks`.

@@ -22,7 +22,7 @@ routed by a `DPLoadBalancer`.
 vLLM v0.33.0's `RowParallelLinear.forward` and `QKVParallelLinear.weight_loader`
 (vllm/model_executor/layers/linear.py), `VocabParallelEmbedding.forward` (vocab_parallel_embedding.py) and
 `DPLBAsyncMPClient.get_core_engine_for_request` (vllm/v1/engine/core_client.py) pass these checks, adapted
-only in their call shape (tests/test_course_vllm_answers_p15.py, which says why vLLM's busy-loop methods are
+only in their call shape (tests/course/vllm_answers/test_p15.py, which says why vLLM's busy-loop methods are
 not adapted: mini's loop is its own, a shutdown message instead of vLLM's shutdown state).
 
 The busy-loop check also enforces three rules turn by turn, each with its own message: an idle core waits for

@@ -15,7 +15,7 @@ documented surface (docs/engine-internals.md, "Internal interfaces"), never by m
   counters: `SchedulerStats`); plus `engine.scheduler.max_num_scheduled_tokens` and `max_num_running_reqs`;
 - `engine.model_runner.input_batch` (the persistent batch's rows: `occupied_requests()`).
 
-`tests/test_views_surface.py` scans these modules and fails on anything else. The views:
+`tests/course/views/test_surface.py` scans these modules and fails on anything else. The views:
 
 - `recording`: `record_run(llm, prompts, params)` steps a real engine and snapshots the KV state;
 - `block_table`: KV pool grid (each block drawn as its slots: filled ones shaded, so internal fragmentation

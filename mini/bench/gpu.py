@@ -45,12 +45,12 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_TESTS = [
-    "tests/test_triton_paged.py",             # store_kv, paged decode, paged prefill vs the reference
-    "tests/test_structured_output_triton.py",  # the grammar bitmask kernel
-    "tests/test_triton_engine.py",            # the engine on the Triton backend, token-exact
-    "tests/test_worker_cuda_graph.py",        # capture + replay == eager, compiled too (4 tests only with CUDA)
-    "tests/test_engine_compile.py",           # torch.compile: one trace, token-identical
-    "tests/test_triton_compile.py",           # Triton's real compiler for the H100 target
+    "tests/attention/test_triton_paged.py",        # store_kv, paged decode, paged prefill vs the reference
+    "tests/structured_output/test_triton.py",      # the grammar bitmask kernel
+    "tests/attention/test_triton_engine.py",       # the engine on the Triton backend, token-exact
+    "tests/worker/test_cuda_graph.py",             # capture + replay == eager, compiled too (4 tests only with CUDA)
+    "tests/engine/test_compile.py",                # torch.compile: one trace, token-identical
+    "tests/attention/test_triton_compile.py",      # Triton's real compiler for the H100 target
 ]
 # (name, [(new query tokens, context length incl. them) per request]): engine-step shapes on a GPU.
 GPU_MIXES = [

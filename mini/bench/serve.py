@@ -106,7 +106,7 @@ def make_prompts(count: int, min_len: int, max_len: int, vocab_size: int, seed: 
 
 
 # ---------------------------------------------------------------------------- the PNG (no plotting library:
-# mini/ stays free of the course's plotting stack, tests/test_engine_boundary.py)
+# mini/ stays free of the course's plotting stack, tests/engine/test_boundary.py)
 PLOT_W, PLOT_H, MARGIN = 360, 260, 24
 COLORS = {"throughput": (31, 119, 180), "ttft_p50": (31, 119, 180), "ttft_p99": (158, 202, 225),
           "itl_p50": (255, 127, 14), "itl_p99": (253, 208, 162), "axis": (60, 60, 60), "grid": (225, 225, 225)}

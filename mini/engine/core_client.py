@@ -23,7 +23,7 @@ GNU OpenMP pool that a forked child inherits as data but not as threads: the chi
 region on that thread, or, on a fresh thread, ran throttled (12.3 ms a step instead of 7.4, 2 cores). So the
 parent releases its pool just before the fork, as vLLM's `get_mp_context` does (mini/system_utils.py;
 tests/test_openmp_pools.py), and the child still runs the core on a fresh thread (mini/engine/core_proc.py;
-tests/test_engine_core_proc.py forks after parent-side kernels).
+tests/engine/test_core_proc.py forks after parent-side kernels).
 With spawn the parts must be picklable: `make_client` checks before starting and names the switch if not.
 Measured on this 2-core machine (loaded): fork 0.04 s to a running child, spawn 5-6 s (it re-imports torch,
 transformers and mini). The child gets the parent's torch threads, less one where the front end works while the

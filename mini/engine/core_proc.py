@@ -260,7 +260,7 @@ def run_engine_core(config: EngineConfig, choices: Choices | None, input_address
     The core runs on a fresh thread, the main thread only waits for it and takes the signals. In a forked
     child this is what keeps torch usable: GNU OpenMP (torch's intra-op pool on CPU) is not fork-safe, and
     a parallel region entered from the forked main thread waits forever for the parent's pool threads
-    (tests/test_engine_core_proc.py forks after parent-side kernels); a new thread gets a pool of its own.
+    (tests/engine/test_core_proc.py forks after parent-side kernels); a new thread gets a pool of its own.
     `make_client` also releases the parent's pool before it forks (mini/system_utils.py): without that, the
     child's libgomp still counts the parent's workers and throttles the new thread's pool. The fresh thread
     stays as the second guard, for a libgomp without `omp_pause_resource_all` (before GCC 9).

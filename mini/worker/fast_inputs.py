@@ -6,7 +6,7 @@ input ids with one gather over its persistent `token_ids_cpu` buffer at `req_ind
 query start locations with NumPy on the host. mini does the same, and the slot mapping too (vLLM computes that
 on the GPU with a Triton kernel). Same values as phase 02's `prepare_inputs` (mini/worker/prepare_inputs.py, the
 course's reference path, which the runner runs when a part of the input composition is replaced): the tests
-hold the two equal (tests/test_runner_inputs.py, tests/test_runner_token_ids_buffer.py).
+hold the two equal (tests/worker/test_runner_inputs.py, tests/worker/test_runner_token_ids_buffer.py).
 
 Why NumPy: each small torch call costs microseconds of dispatch, about the cost of the arithmetic on a
 decode batch; NumPy's are several times cheaper at these sizes, and `torch.from_numpy` shares the memory.

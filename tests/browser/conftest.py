@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from lab_page import find_browser, start_browser, start_jupyterlab
 from patience import HANG_GUARD_S
 
 from labs.course.release import REPO_ROOT
+from tests.browser.lab_page import find_browser, start_browser, start_jupyterlab
 
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "browser"
 

@@ -11,11 +11,11 @@ import threading
 from urllib.parse import unquote, urldefrag
 
 import pytest
-from lab_page import BENIGN_CONSOLE, wait_for
 from patience import HANG_GUARD_S
 
 from book.build import build
 from book.pages import all_pages
+from tests.browser.lab_page import BENIGN_CONSOLE, wait_for
 
 
 @pytest.fixture(scope="module")

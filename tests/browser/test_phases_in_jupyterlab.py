@@ -1,7 +1,7 @@
 """Every phase notebook, run in JupyterLab in a real browser: it runs without a cell error, every widget
 renders as a widget, the console stays clean, and the step-replay widgets answer their slider.
 
-The kernel-side tests (tests/test_course_notebooks.py) execute the same notebooks without a front end; what
+The kernel-side tests (tests/course/test_notebooks.py) execute the same notebooks without a front end; what
 only this suite catches is the browser half: a missing labextension, a widget-manager or JupyterLab upgrade
 that breaks rendering, a front-end error. A screenshot and the executed notebook of each phase are saved
 under test-artifacts/browser/ for a reviewer.
@@ -14,16 +14,16 @@ import shutil
 
 import nbformat
 import pytest
-from lab_page import (
+from patience import HANG_GUARD_S, RUN_GUARD_S
+
+from labs.course.release import list_assignments
+from tests.browser.lab_page import (
     WIDGET_FAILURE_TEXTS,
     WIDGET_FALLBACK_PREFIXES,
     WIDGET_OUTPUT_MIME,
     NotebookPage,
     wait_for,
 )
-from patience import HANG_GUARD_S, RUN_GUARD_S
-
-from labs.course.release import list_assignments
 
 RUN_ALL_TIMEOUT_S = RUN_GUARD_S
 

@@ -3,7 +3,7 @@
 vLLM serves FastAPI's generated document as it is (vllm/entrypoints/launchers/app.py `build_app`), so it
 declares FastAPI's default `422 HTTPValidationError` for bad bodies, although vLLM answers 400 in OpenAI's
 shape, and `application/json` for `/health` and `/metrics`. mini's document is exact, so that a contract
-checker (tests/test_entry_openai_contract.py, schemathesis in tests/test_entry_openai_schemathesis.py) holds
+checker (tests/entrypoints/openai/test_contract.py, schemathesis in tests/entrypoints/openai/test_schemathesis.py) holds
 the server to it:
 
     every route         the 200 body: JSON with its schema; `/metrics` Prometheus text
