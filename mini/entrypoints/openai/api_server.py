@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import functools
 import logging
+import signal
 import socket
 import threading
 import time
@@ -45,7 +46,8 @@ from mini.config import add_engine_arguments, cli_engine_args
 from mini.engine.async_llm import AsyncLLM, EngineDeadError
 from mini.engine.dp_client import dp_stat_logger_args, engine_cores_alive
 from mini.entrypoints.openai.auth import API_KEY_ENV, AuthenticationMiddleware, api_keys_from
-from mini.entrypoints.openai.metrics import PrometheusStatLogger
+from mini.entrypoints.openai.body_limit import RequestBodyLimitMiddleware
+from mini.entrypoints.openai.metrics import PrometheusStatLogger, refresh_gauges
 from mini.entrypoints.openai.openapi import (
     HEALTH_RESPONSES,
     METRICS_RESPONSES,
@@ -63,6 +65,8 @@ from mini.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
+from mini.entrypoints.openai.renderer import PromptRenderer
+from mini.entrypoints.openai.serve_options import ServeOptions, add_serve_options, serve_options_from
 from mini.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from mini.entrypoints.openai.serving_engine import OpenAIError
@@ -70,6 +74,7 @@ from mini.entrypoints.openai.serving_engine import OpenAIError
 logger = logging.getLogger("mini.serve")
 
 SHIPPED_MODEL_NAME = "tiny-llama"
+WATCHDOG_POLL_S = 0.5      # how often `main` checks the engine is alive (vLLM's watchdog: every 5 s)
 
 
 def error_json(error: OpenAIError) -> JSONResponse:
@@ -105,28 +110,36 @@ def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., A
 
 
 def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusStatLogger | None = None,
-              shutdown_engine: bool = True, api_keys: Sequence[str] | None = None) -> FastAPI:
+              shutdown_engine: bool = True, api_keys: Sequence[str] | None = None,
+              options: ServeOptions | None = None) -> FastAPI:
     """The FastAPI app on `engine`. `shutdown_engine`: stop the engine loop when the app shuts down.
 
     `api_keys`: when given (non-empty), every `/v1` route requires `Authorization: Bearer <one of them>`
-    (the command line passes `--api-key`, else `MINI_API_KEY`; build_app itself reads no environment)."""
+    (the command line passes `--api-key`, else `MINI_API_KEY`; build_app itself reads no environment).
+    `options`: request-template trust, template bounds, body size limit (mini/entrypoints/openai/serve_options.py;
+    default: vLLM's defaults)."""
+    options = options or ServeOptions()
     # one series per engine core with --data-parallel-size N (label engine="0", "1", ...), as vLLM's
     stat_logger = stat_logger or PrometheusStatLogger(served_model_name, **dp_stat_logger_args(engine))
     if stat_logger not in engine.stat_loggers:
         engine.stat_loggers.append(stat_logger)
     names = [served_model_name]
-    completions = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names)
+    renderer = PromptRenderer(engine.tokenizer, options)
+    completions = OpenAIServingCompletion(engine, names, renderer)
+    chat = OpenAIServingChat(engine, names, renderer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
         yield
+        renderer.shutdown()
         if shutdown_engine:
             engine.shutdown()
 
     app = FastAPI(title="mini OpenAI-compatible server", lifespan=lifespan)
     app.state.engine = engine
     app.state.stat_logger = stat_logger
+    app.state.options = options
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=options.max_request_body_size)
     if api_keys:
         app.add_middleware(AuthenticationMiddleware, api_keys=list(api_keys))
     install_openapi(app, secured=bool(api_keys))
@@ -170,6 +183,7 @@ def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusS
 
     @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def metrics() -> Response:
+        await refresh_gauges(engine, stat_logger)
         return Response(stat_logger.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     async def respond(result: Any) -> Response:
@@ -246,6 +260,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every /v1 route (several keys allowed; "
                              f"default: the environment variable {API_KEY_ENV}, else no key)")
+    add_serve_options(parser)
     add_engine_arguments(parser, SERVE_ENGINE_ARGS)
     parser.add_argument("--log-level", default="info")
     return parser
@@ -259,18 +274,62 @@ def served_name(args: argparse.Namespace) -> str:
     return args.served_model_name or args.model or SHIPPED_MODEL_NAME
 
 
+def engine_died(engine: AsyncLLM) -> bool:
+    """True once the engine loop or any engine core has died (not when it was shut down)."""
+    return engine.errored or not engine_cores_alive(engine)
+
+
+def watch_engine(server: Any, engine: AsyncLLM, died: threading.Event, poll_s: float = WATCHDOG_POLL_S) -> None:
+    """Stop the server once its engine dies (vLLM's `watchdog_loop`, vllm/entrypoints/launchers/launcher.py)."""
+    while not server.should_exit:
+        if engine_died(engine):
+            logger.error("the engine core died: stopping the server (--keep-alive-on-engine-death keeps it up)")
+            died.set()
+            server.should_exit = True
+            return
+        time.sleep(poll_s)
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGINT outside uvicorn's own handling (start-up, the end): unwind, so that every `finally` and
+    finalizer runs (the engine core's process is stopped and its `/tmp/mini-engine-*` folder removed). A second
+    signal during that cleanup is ignored (SIGKILL still ends the process)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (exit status 128 + the signal) or the engine's death (exit status 1, unless
+    --keep-alive-on-engine-death)."""
+    signal.signal(signal.SIGTERM, _exit_on_signal)   # first: a signal during start-up leaves nothing behind
+    signal.signal(signal.SIGINT, _exit_on_signal)
     import uvicorn
 
     parser = add_serve_arguments(argparse.ArgumentParser(
         prog="python -m mini serve", description="an OpenAI-compatible server on one mini engine"))
     args = parser.parse_args(argv)
+    try:
+        options = serve_options_from(args)
+    except ValueError as error:
+        parser.error(str(error))
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    engine = AsyncLLM.from_engine_args(**engine_args_from(args))
-    api_keys = api_keys_from(args.api_key)
-    app = build_app(engine, served_name(args), api_keys=api_keys)
-    if api_keys:
-        logger.info("/v1 routes require one of %d API key(s)", len(api_keys))
-    logger.info("serving %s on http://%s:%d", served_name(args), args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    engine: AsyncLLM | None = None
+    try:
+        engine = AsyncLLM.from_engine_args(**engine_args_from(args))
+        api_keys = api_keys_from(args.api_key)
+        app = build_app(engine, served_name(args), api_keys=api_keys, options=options)
+        if api_keys:
+            logger.info("/v1 routes require one of %d API key(s)", len(api_keys))
+        logger.info("serving %s on http://%s:%d", served_name(args), args.host, args.port)
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                               timeout_graceful_shutdown=options.shutdown_timeout_s))
+        died = threading.Event()
+        if not options.keep_alive_on_engine_death:
+            threading.Thread(target=watch_engine, args=(server, engine, died), name="mini-engine-watchdog",
+                             daemon=True).start()
+        server.run()
+        return 1 if died.is_set() else 0
+    finally:
+        if engine is not None:
+            engine.shutdown()
