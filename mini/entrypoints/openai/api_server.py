@@ -279,10 +279,15 @@ def engine_died(engine: AsyncLLM) -> bool:
     return engine.errored or not engine_cores_alive(engine)
 
 
-def watch_engine(server: Any, engine: AsyncLLM, died: threading.Event, poll_s: float = WATCHDOG_POLL_S) -> None:
-    """Stop the server once its engine dies (vLLM's `watchdog_loop`, vllm/entrypoints/launchers/launcher.py)."""
+def watch_engine(server: Any, engine: AsyncLLM, died: threading.Event, stop: StopSignals, keep_alive: bool,
+                 poll_s: float = WATCHDOG_POLL_S) -> None:
+    """Stop the server once its engine dies (vLLM's `watchdog_loop`, vllm/entrypoints/launchers/launcher.py;
+    not with `keep_alive`), or once a stop signal came before uvicorn took the signals over."""
     while not server.should_exit:
-        if engine_died(engine):
+        if stop.received is not None:
+            server.should_exit = True
+            return
+        if not keep_alive and engine_died(engine):
             logger.error("the engine core died: stopping the server (--keep-alive-on-engine-death keeps it up)")
             died.set()
             server.should_exit = True
@@ -290,20 +295,32 @@ def watch_engine(server: Any, engine: AsyncLLM, died: threading.Event, poll_s: f
         time.sleep(poll_s)
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    """SIGTERM/SIGINT outside uvicorn's own handling (start-up, the end): unwind, so that every `finally` and
-    finalizer runs (the engine core's process is stopped and its `/tmp/mini-engine-*` folder removed). A second
-    signal during that cleanup is ignored (SIGKILL still ends the process)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
+class StopSignals:
+    """SIGTERM/SIGINT received outside uvicorn's own handling (start-up, the very end), remembered, not raised.
+
+    Raising from a signal handler can land anywhere, even where Python swallows the exception ("Exception
+    ignored in ... _releaseLock" when it lands in a fork hook): the server would then carry on. Instead start-up
+    runs to its end and `main` shuts everything down at once, so that the engine core's process is stopped and
+    its `/tmp/mini-engine-*` folder removed whenever the signal came. While serving, uvicorn handles the
+    signals itself and re-raises them here once it has stopped."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT (exit status 128 + the signal) or the engine's death (exit status 1, unless
     --keep-alive-on-engine-death)."""
-    signal.signal(signal.SIGTERM, _exit_on_signal)   # first: a signal during start-up leaves nothing behind
-    signal.signal(signal.SIGINT, _exit_on_signal)
+    stop = StopSignals()
+    stop.install()   # first: a signal during start-up leaves nothing behind
     import uvicorn
 
     parser = add_serve_arguments(argparse.ArgumentParser(
@@ -316,7 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine: AsyncLLM | None = None
     try:
-        engine = AsyncLLM.from_engine_args(**engine_args_from(args))
+        try:
+            engine = AsyncLLM.from_engine_args(**engine_args_from(args))
+        except BaseException:
+            if stop.received is not None:   # the signal reached the core too: it stopped its start-up
+                return 128 + stop.received
+            raise
+        if stop.received is not None:
+            logger.info("stopping: signal %d during start-up", stop.received)
+            return 128 + stop.received
         api_keys = api_keys_from(args.api_key)
         app = build_app(engine, served_name(args), api_keys=api_keys, options=options)
         if api_keys:
@@ -325,11 +350,12 @@ def main(argv: list[str] | None = None) -> int:
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                                timeout_graceful_shutdown=options.shutdown_timeout_s))
         died = threading.Event()
-        if not options.keep_alive_on_engine_death:
-            threading.Thread(target=watch_engine, args=(server, engine, died), name="mini-engine-watchdog",
-                             daemon=True).start()
+        threading.Thread(target=watch_engine, args=(server, engine, died, stop, options.keep_alive_on_engine_death),
+                         name="mini-engine-watchdog", daemon=True).start()
         server.run()
-        return 1 if died.is_set() else 0
+        if died.is_set():
+            return 1
+        return 0 if stop.received is None else 128 + stop.received
     finally:
         if engine is not None:
             engine.shutdown()
