@@ -17,5 +17,8 @@ if [ "$#" -eq 0 ]; then
         tests/test_entry_openai_server.py tests/test_entry_openai_load.py tests/test_entry_openai_contract.py \
         tests/test_entry_openai_api_key.py tests/test_engine_chat.py tests/test_engine_core_client.py \
         tests/test_structured_output_logprobs.py tests/test_structured_output_nesting.py \
-        tests/test_cli_engine_args.py tests/test_bench_prefix.py tests/test_engine_boundary.py
+        tests/test_cli_engine_args.py tests/test_bench_prefix.py tests/test_engine_boundary.py \
+        tests/test_entry_openai_field_bounds.py tests/test_entry_openai_chat_template_trust.py \
+        tests/test_entry_openai_loop_stays_free.py tests/test_entry_openai_body_limit.py \
+        tests/test_entry_openai_metrics_idle.py tests/test_serve_faults.py
 fi

@@ -19,7 +19,8 @@ and the message shape mini reads (mini/entrypoints/chat_utils.py). Every integer
 engine core's messages and tensors carry: 2**70 is a 400 naming the field, never an overflow inside the
 engine) and every float to a finite value (`NaN` and `Infinity`, which Python's JSON parser reads, are 400s).
 `logit_bias` values are clamped to [-100, 100] and `max_tokens` to the room the prompt leaves in the
-context (vllm/entrypoints/serve/utils/api_utils.py `get_max_tokens`), as vLLM does, not refused.
+context (vllm/entrypoints/serve/utils/api_utils.py `get_max_tokens`), as vLLM does, not refused. `best_of` is
+no field of vLLM v0.33.0's requests: like any unknown field it is accepted and ignored, whatever its value.
 Where mini differs from vLLM: the request models are strict (`"n": "2"` or `"stream": "yes"` is a 400,
 where vLLM's lax models coerce them), so that a body the document calls invalid is never served.
 """
@@ -142,8 +143,6 @@ class SamplingRequest(RequestModel):
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
-    best_of: Annotated[int, Field(ge=1, le=MAX_N_SEQUENCES,
-                                  description="accepted and unused, as vLLM v1 (no best-of search)")] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsRequest | None = None
