@@ -20,6 +20,10 @@ mini/entrypoints/openai/auth.py), 401 on every `/v1` route without `Authorizatio
 OpenAPI document at /openapi.json declares exactly these (mini/entrypoints/openai/openapi.py). A client that
 disconnects cancels its handler, which aborts its engine requests (their KV blocks are freed before the
 next step): for streams Starlette does it, for whole responses `with_cancellation` below.
+
+`main` adds the command line's hardening (mini/entrypoints/openai/serve_options.py): a stop signal at any moment
+of start-up shuts everything down cleanly, the server exits with status 1 when its engine core dies, and the
+shutdown drain lasts at most `--shutdown-timeout` (mini/entrypoints/openai/server_lifecycle.py).
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import argparse
 import asyncio
 import functools
 import logging
-import signal
 import socket
 import threading
 import time
@@ -67,6 +70,7 @@ from mini.entrypoints.openai.protocol import (
 )
 from mini.entrypoints.openai.renderer import PromptRenderer
 from mini.entrypoints.openai.serve_options import ServeOptions, add_serve_options, serve_options_from
+from mini.entrypoints.openai.server_lifecycle import StopSignals, watch_engine
 from mini.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from mini.entrypoints.openai.serving_engine import OpenAIError
@@ -74,7 +78,6 @@ from mini.entrypoints.openai.serving_engine import OpenAIError
 logger = logging.getLogger("mini.serve")
 
 SHIPPED_MODEL_NAME = "tiny-llama"
-WATCHDOG_POLL_S = 0.5      # how often `main` checks the engine is alive (vLLM's watchdog: every 5 s)
 
 
 def error_json(error: OpenAIError) -> JSONResponse:
@@ -272,48 +275,6 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def served_name(args: argparse.Namespace) -> str:
     return args.served_model_name or args.model or SHIPPED_MODEL_NAME
-
-
-def engine_died(engine: AsyncLLM) -> bool:
-    """True once the engine loop or any engine core has died (not when it was shut down)."""
-    return engine.errored or not engine_cores_alive(engine)
-
-
-def watch_engine(server: Any, engine: AsyncLLM, died: threading.Event, stop: StopSignals, keep_alive: bool,
-                 poll_s: float = WATCHDOG_POLL_S) -> None:
-    """Stop the server once its engine dies (vLLM's `watchdog_loop`, vllm/entrypoints/launchers/launcher.py;
-    not with `keep_alive`), or once a stop signal came before uvicorn took the signals over."""
-    while not server.should_exit:
-        if stop.received is not None:
-            server.should_exit = True
-            return
-        if not keep_alive and engine_died(engine):
-            logger.error("the engine core died: stopping the server (--keep-alive-on-engine-death keeps it up)")
-            died.set()
-            server.should_exit = True
-            return
-        time.sleep(poll_s)
-
-
-class StopSignals:
-    """SIGTERM/SIGINT received outside uvicorn's own handling (start-up, the very end), remembered, not raised.
-
-    Raising from a signal handler can land anywhere, even where Python swallows the exception ("Exception
-    ignored in ... _releaseLock" when it lands in a fork hook): the server would then carry on. Instead start-up
-    runs to its end and `main` shuts everything down at once, so that the engine core's process is stopped and
-    its `/tmp/mini-engine-*` folder removed whenever the signal came. While serving, uvicorn handles the
-    signals itself and re-raises them here once it has stopped."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGINT, self.on_signal)
-
-    def on_signal(self, signum: int, frame: Any) -> None:
-        if self.received is None:
-            self.received = signum
 
 
 def main(argv: list[str] | None = None) -> int:
