@@ -41,6 +41,13 @@ MINI_OWN = {
     "EngineConfig.device": "vLLM takes the device from its platform (CUDA, ROCm, CPU builds); mini runs on the "
                            "CPU by default and takes the device as an argument",
     "serve.device": "as EngineConfig.device",
+    "serve.chat_template_fuel": "vLLM's environment variable VLLM_CHAT_TEMPLATE_FUEL (same default), a flag in mini",
+    "serve.chat_template_render_timeout": "vLLM's environment variable VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT (same "
+                                          "default), a flag in mini",
+    "serve.max_request_body_size": "vLLM's environment variable VLLM_HTTP_MAX_REQUEST_BODY_SIZE (same default), "
+                                   "a flag in mini",
+    "serve.keep_alive_on_engine_death": "vLLM's environment variable VLLM_KEEP_ALIVE_ON_ENGINE_DEATH (same "
+                                        "default), a flag in mini",
 }
 
 # Names both accept whose default differs, and why (same meaning unless the reason says otherwise).

@@ -17,8 +17,9 @@ first use, that loops
 which is phase 13's `output_handler_step` plus the statistics and failed steps; `generate()` is phase 13's
 `generate_stream` (register a collector, add the request to the output processor and the core, await the
 collector; a consumer that goes away aborts the request in both) plus parallel sampling (n > 1: the
-children go to the core, the parent's id to the collector). Nothing here blocks the loop: tokenizing and
-detokenizing run on it (as in vLLM), the model runs in the core's process.
+children go to the core, the parent's id to the collector). Nothing here blocks the loop: the input processing
+(tokenizing, checking a grammar) runs on one worker thread (vLLM's renderer executor), detokenizing on the loop
+(as in vLLM), the model in the core's process.
 
 Where mini differs, and why:
   * The task and the client belong to the loop of the first `generate()` (an `AsyncMPClient` serves one loop,
@@ -35,6 +36,8 @@ Where mini differs, and why:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -71,6 +74,7 @@ class MPAsyncLLM:
         self.output_handler: asyncio.Task | None = None
         self._dead_error: BaseException | None = None
         self._stopped = False
+        self._input_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mini-input")
 
     @classmethod
     def from_engine_args(cls, **engine_args: Any) -> MPAsyncLLM:
@@ -120,12 +124,18 @@ class MPAsyncLLM:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if self.output_processor.has_request(request_id) or request_id in self._collectors:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
-        request = self.engine.process_request(request_id, prompt, params, priority=priority)
         self._start_output_handler()
         collector = RequestOutputCollector(params.output_kind, self._loop)
-        self._collectors[request_id] = collector
-        self._timings[request_id] = RequestTiming(time.monotonic(), params.output_kind)
+        self._collectors[request_id] = collector      # the id is taken while its input is processed
         try:
+            # Tokenizing a long prompt or checking a large grammar takes seconds: on a worker thread, not
+            # the event loop (vLLM's renderer executor, vllm/renderers/hf.py), so every other stream and
+            # /health keep going meanwhile.
+            request = await self._loop.run_in_executor(
+                self._input_executor, functools.partial(self.engine.process_request, request_id, prompt, params,
+                                                        priority=priority))
+            self._check_alive()
+            self._timings[request_id] = RequestTiming(time.monotonic(), params.output_kind)
             self.engine._queue(request)   # the output processor, then the core (n > 1: each child)
         except BaseException:
             self._forget(request_id)
@@ -168,6 +178,7 @@ class MPAsyncLLM:
                 loop.call_soon_threadsafe(handler.cancel)
             except RuntimeError:
                 pass
+        self._input_executor.shutdown(wait=False, cancel_futures=True)
         self.engine.shutdown()
 
     # ------------------------------------------------------------------ the output handler

@@ -365,7 +365,13 @@ class MPClient(EngineCoreClient):
         return self.resources.socket_dir
 
     def is_alive(self) -> bool:
-        return self.resources.dead_message is None and not self.resources.closed
+        """False once the core is known dead or shut down, or its process has exited: the exit is read here
+        too, so a core that dies before any request started the monitor thread is seen (the server's /health
+        and its watchdog ask this)."""
+        resources = self.resources
+        proc = resources.proc
+        return (resources.dead_message is None and not resources.closed
+                and (proc is None or proc.exitcode is None))
 
     def shutdown(self) -> None:
         self._finalizer()

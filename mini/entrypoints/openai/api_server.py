@@ -20,6 +20,10 @@ mini/entrypoints/openai/auth.py), 401 on every `/v1` route without `Authorizatio
 OpenAPI document at /openapi.json declares exactly these (mini/entrypoints/openai/openapi.py). A client that
 disconnects cancels its handler, which aborts its engine requests (their KV blocks are freed before the
 next step): for streams Starlette does it, for whole responses `with_cancellation` below.
+
+`main` adds the command line's hardening (mini/entrypoints/openai/serve_options.py): a stop signal at any moment
+of start-up shuts everything down cleanly, the server exits with status 1 when its engine core dies, and the
+shutdown drain lasts at most `--shutdown-timeout` (mini/entrypoints/openai/server_lifecycle.py).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ from mini.config import add_engine_arguments, cli_engine_args
 from mini.engine.async_llm import AsyncLLM, EngineDeadError
 from mini.engine.dp_client import dp_stat_logger_args, engine_cores_alive
 from mini.entrypoints.openai.auth import API_KEY_ENV, AuthenticationMiddleware, api_keys_from
-from mini.entrypoints.openai.metrics import PrometheusStatLogger
+from mini.entrypoints.openai.body_limit import RequestBodyLimitMiddleware
+from mini.entrypoints.openai.metrics import PrometheusStatLogger, refresh_gauges
 from mini.entrypoints.openai.openapi import (
     HEALTH_RESPONSES,
     METRICS_RESPONSES,
@@ -63,6 +68,9 @@ from mini.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
+from mini.entrypoints.openai.renderer import PromptRenderer
+from mini.entrypoints.openai.serve_options import ServeOptions, add_serve_options, serve_options_from
+from mini.entrypoints.openai.server_lifecycle import StopSignals, watch_engine
 from mini.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from mini.entrypoints.openai.serving_engine import OpenAIError
@@ -105,28 +113,36 @@ def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., A
 
 
 def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusStatLogger | None = None,
-              shutdown_engine: bool = True, api_keys: Sequence[str] | None = None) -> FastAPI:
+              shutdown_engine: bool = True, api_keys: Sequence[str] | None = None,
+              options: ServeOptions | None = None) -> FastAPI:
     """The FastAPI app on `engine`. `shutdown_engine`: stop the engine loop when the app shuts down.
 
     `api_keys`: when given (non-empty), every `/v1` route requires `Authorization: Bearer <one of them>`
-    (the command line passes `--api-key`, else `MINI_API_KEY`; build_app itself reads no environment)."""
+    (the command line passes `--api-key`, else `MINI_API_KEY`; build_app itself reads no environment).
+    `options`: request-template trust, template bounds, body size limit (mini/entrypoints/openai/serve_options.py;
+    default: vLLM's defaults)."""
+    options = options or ServeOptions()
     # one series per engine core with --data-parallel-size N (label engine="0", "1", ...), as vLLM's
     stat_logger = stat_logger or PrometheusStatLogger(served_model_name, **dp_stat_logger_args(engine))
     if stat_logger not in engine.stat_loggers:
         engine.stat_loggers.append(stat_logger)
     names = [served_model_name]
-    completions = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names)
+    renderer = PromptRenderer(engine.tokenizer, options)
+    completions = OpenAIServingCompletion(engine, names, renderer)
+    chat = OpenAIServingChat(engine, names, renderer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
         yield
+        renderer.shutdown()
         if shutdown_engine:
             engine.shutdown()
 
     app = FastAPI(title="mini OpenAI-compatible server", lifespan=lifespan)
     app.state.engine = engine
     app.state.stat_logger = stat_logger
+    app.state.options = options
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=options.max_request_body_size)
     if api_keys:
         app.add_middleware(AuthenticationMiddleware, api_keys=list(api_keys))
     install_openapi(app, secured=bool(api_keys))
@@ -170,6 +186,7 @@ def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusS
 
     @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def metrics() -> Response:
+        await refresh_gauges(engine, stat_logger)
         return Response(stat_logger.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     async def respond(result: Any) -> Response:
@@ -246,6 +263,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every /v1 route (several keys allowed; "
                              f"default: the environment variable {API_KEY_ENV}, else no key)")
+    add_serve_options(parser)
     add_engine_arguments(parser, SERVE_ENGINE_ARGS)
     parser.add_argument("--log-level", default="info")
     return parser
@@ -260,17 +278,45 @@ def served_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (exit status 128 + the signal) or the engine's death (exit status 1, unless
+    --keep-alive-on-engine-death)."""
+    stop = StopSignals()
+    stop.install()   # first: a signal during start-up leaves nothing behind
     import uvicorn
 
     parser = add_serve_arguments(argparse.ArgumentParser(
         prog="python -m mini serve", description="an OpenAI-compatible server on one mini engine"))
     args = parser.parse_args(argv)
+    try:
+        options = serve_options_from(args)
+    except ValueError as error:
+        parser.error(str(error))
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    engine = AsyncLLM.from_engine_args(**engine_args_from(args))
-    api_keys = api_keys_from(args.api_key)
-    app = build_app(engine, served_name(args), api_keys=api_keys)
-    if api_keys:
-        logger.info("/v1 routes require one of %d API key(s)", len(api_keys))
-    logger.info("serving %s on http://%s:%d", served_name(args), args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    engine: AsyncLLM | None = None
+    try:
+        try:
+            engine = AsyncLLM.from_engine_args(**engine_args_from(args))
+        except BaseException:
+            if stop.received is not None:   # the signal reached the core too: it stopped its start-up
+                return 128 + stop.received
+            raise
+        if stop.received is not None:
+            logger.info("stopping: signal %d during start-up", stop.received)
+            return 128 + stop.received
+        api_keys = api_keys_from(args.api_key)
+        app = build_app(engine, served_name(args), api_keys=api_keys, options=options)
+        if api_keys:
+            logger.info("/v1 routes require one of %d API key(s)", len(api_keys))
+        logger.info("serving %s on http://%s:%d", served_name(args), args.host, args.port)
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                               timeout_graceful_shutdown=options.shutdown_timeout_s))
+        died = threading.Event()
+        threading.Thread(target=watch_engine, args=(server, engine, died, stop, options.keep_alive_on_engine_death),
+                         name="mini-engine-watchdog", daemon=True).start()
+        server.run()
+        if died.is_set():
+            return 1
+        return 0 if stop.received is None else 128 + stop.received
+    finally:
+        if engine is not None:
+            engine.shutdown()

@@ -26,6 +26,7 @@ series keep their names and labels).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -170,3 +171,22 @@ class PrometheusStatLogger:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+async def refresh_gauges(engine: Any, stat_logger: PrometheusStatLogger) -> None:
+    """Set the gauges (running, waiting, KV-cache usage) to the engine's state now, before a scrape.
+
+    The stat loggers hear from the engine after each step only, so once it goes idle the gauges would keep the
+    last busy step's values until the next request; vLLM's core publishes its stats again when it goes idle.
+    mini asks the engine core on each scrape instead (one utility call; a single engine core: with data
+    parallelism each core's series is left as its last step set it). A dead or stopped engine is left alone."""
+    if len(stat_logger.engine_indexes) != 1 or not engine.is_running or engine.errored:
+        return
+    try:
+        stats = await engine.get_scheduler_stats()
+    except Exception:  # noqa: BLE001  (the engine died meanwhile: /health says so; the scrape still answers)
+        return
+    series = stat_logger.series[stat_logger.engine_indexes[0]]
+    series.running.set(stats.num_running_reqs)
+    series.waiting.set(stats.num_waiting_reqs)
+    series.kv_usage.set(stats.kv_cache_usage)

@@ -14,7 +14,8 @@ the server to it:
                         `[DONE]`: Open API 3.1 has an event stream's `schema` describe one event, and
                         `contentSchema` the JSON inside `data`); 400 ErrorResponse for a
                         body that does not parse or a bad parameter (never 422); 404 ErrorResponse for a
-                        model this server does not serve; 503 ErrorResponse once the engine has died
+                        model this server does not serve; 413 ErrorResponse for a body over
+                        --max-request-body-size; 503 ErrorResponse once the engine has died
     /v1/... with keys   401 ErrorResponse, and the bearer security scheme (mini/entrypoints/openai/auth.py)
 
 The route decorators in api_server.py take their `responses=` from here; `install_openapi` then removes
@@ -30,7 +31,9 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from mini.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
     ChatCompletionStreamResponse,
+    CompletionRequest,
     CompletionStreamResponse,
     ErrorResponse,
 )
@@ -40,6 +43,7 @@ SSE_CONTENT_TYPE = "text/event-stream"
 SECURITY_SCHEME = "bearerAuth"
 REF = "#/components/schemas/{model}"
 # The chunk model each streaming route sends (its schema goes into the components).
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest)
 STREAM_MODELS = {"/v1/completions": CompletionStreamResponse, "/v1/chat/completions": ChatCompletionStreamResponse}
 
 
@@ -48,6 +52,7 @@ def _error(description: str) -> dict[str, Any]:
 
 
 BAD_REQUEST = {400: _error("The body does not parse, or a parameter is out of range (OpenAI's error shape)")}
+TOO_LARGE = {413: _error("The body is larger than --max-request-body-size")}
 NOT_FOUND = {404: _error("The model is not served here")}
 ENGINE_DEAD = {503: _error("The engine has died")}
 
@@ -68,7 +73,7 @@ def generation_responses(response_model: type, stream_model: type) -> dict[int |
               "description": f"The whole response, or with `stream: true` server-sent events: `data: "
                              f"<{stream_model.__name__} JSON>` lines, then `data: [DONE]`",
               "content": {SSE_CONTENT_TYPE: {"schema": {"type": "object"}}}},   # see sse_event_schema
-        **BAD_REQUEST, **NOT_FOUND, **ENGINE_DEAD,
+        **BAD_REQUEST, **NOT_FOUND, **TOO_LARGE, **ENGINE_DEAD,
     }
 
 
@@ -95,6 +100,13 @@ def build_openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
                                         ref_template=REF)
     for name, schema in definitions.get("$defs", {}).items():
         schemas.setdefault(name, schema)
+    # FastAPI passes the request schemas through its OpenAPI models, which hold bounds as floats: int64's
+    # maximum 2**63 - 1 would read 9.223372036854776e+18 (2**63). Pydantic's own schemas keep them exact.
+    _, request_definitions = models_json_schema([(model, "validation") for model in REQUEST_MODELS],
+                                                ref_template=REF)
+    for name, schema in request_definitions.get("$defs", {}).items():
+        if name in schemas:
+            schemas[name] = schema
     for path, methods in document["paths"].items():
         for operation in methods.values():
             operation["responses"].pop("422", None)

@@ -12,11 +12,17 @@ vllm/entrypoints/generate/base/protocol.py (`StreamOptions`); vLLM once kept the
 
 The request models are the server's contract (they are the OpenAPI document's request schemas), so they
 say what the server accepts: vLLM's own bounds (`seed` and `priority` in int64, prompt token ids >= 0,
-at most 4 stop strings as `VLLM_MAX_STOP_STRINGS`, `n` at most 16384 as `VLLM_MAX_N_SEQUENCES`) plus the
+at most 4 stop strings as `VLLM_MAX_STOP_STRINGS`, `n` at most 16384 as `VLLM_MAX_N_SEQUENCES`, at most 1024
+prompts as `VLLM_MAX_COMPLETION_PROMPTS`, a non-empty `allowed_token_ids` as vllm/sampling_params.py) plus the
 ranges `SamplingParams` checks (temperature >= 0, top_p in (0, 1], ...), non-empty prompts and messages,
-and the message shape mini reads (mini/entrypoints/chat_utils.py). Where mini differs from vLLM: the
-request models are strict (`"n": "2"` or `"stream": "yes"` is a 400, where vLLM's lax models coerce them),
-so that a body the document calls invalid is never served.
+and the message shape mini reads (mini/entrypoints/chat_utils.py). Every integer is held to int64 (what the
+engine core's messages and tensors carry: 2**70 is a 400 naming the field, never an overflow inside the
+engine) and every float to a finite value (`NaN` and `Infinity`, which Python's JSON parser reads, are 400s).
+`logit_bias` values are clamped to [-100, 100] and `max_tokens` to the room the prompt leaves in the
+context (vllm/entrypoints/serve/utils/api_utils.py `get_max_tokens`), as vLLM does, not refused. `best_of` is
+no field of vLLM v0.33.0's requests: like any unknown field it is accepted and ignored, whatever its value.
+Where mini differs from vLLM: the request models are strict (`"n": "2"` or `"stream": "yes"` is a 400,
+where vLLM's lax models coerce them), so that a body the document calls invalid is never served.
 """
 
 from __future__ import annotations
@@ -42,15 +48,16 @@ class OpenAIBaseModel(BaseModel):
 class RequestModel(OpenAIBaseModel):
     """A request body part: strict types (no str -> int coercion), unknown fields allowed."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1   # vLLM's bounds of seed and priority
 MAX_N_SEQUENCES = 16384                     # vLLM's VLLM_MAX_N_SEQUENCES default
 MAX_STOP_STRINGS = 4                        # vLLM's VLLM_MAX_STOP_STRINGS default
+MAX_COMPLETION_PROMPTS = 1024               # vLLM's VLLM_MAX_COMPLETION_PROMPTS default
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
-TokenId = Annotated[int, Field(ge=0)]
-TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,19}$")]
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
@@ -124,16 +131,18 @@ class SamplingRequest(RequestModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[TokenIdKey, float] | None = None
+    logit_bias: dict[TokenIdKey, Annotated[float, Field(
+        description="token id -> bias added to its logit; clamped to [-100, 100], as vLLM")]] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM's extra sampling fields
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsRequest | None = None
@@ -167,10 +176,14 @@ class SamplingRequest(RequestModel):
                              "is 'json_schema'")
         return StructuredOutputsParams(json=fmt.json_schema.schema_)
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, context_room: int | None = None) -> SamplingParams:
         """The engine's SamplingParams (DELTA output: the server reads every step, then aggregates).
 
-        Raises ValueError naming the bad field (the server answers 400)."""
+        `context_room`: the tokens the prompt leaves in the context; `max_tokens` is clamped to it (absent,
+        it is the room itself), as vLLM's `get_max_tokens`. Raises ValueError naming the bad field (400)."""
+        max_tokens = self.requested_max_tokens()
+        if context_room is not None:
+            max_tokens = context_room if max_tokens is None else min(max_tokens, context_room)
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -184,12 +197,13 @@ class SamplingRequest(RequestModel):
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
-            max_tokens=self.requested_max_tokens(),
+            max_tokens=max_tokens,
             min_tokens=self.min_tokens,
             logprobs=self.requested_logprobs(),
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self.logit_bias,
+            allowed_token_ids=self.allowed_token_ids,
             structured_outputs=self.structured_outputs_params(),
             output_kind=RequestOutputKind.DELTA,
         )
@@ -197,11 +211,12 @@ class SamplingRequest(RequestModel):
 
 # ---------------------------------------------------------------------------- /v1/completions
 class CompletionRequest(SamplingRequest):
-    prompt: (NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)]
+    prompt: (NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_COMPLETION_PROMPTS)]
              | Annotated[list[TokenId], Field(min_length=1)]
-             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=-1)] | None = None
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
+                         Field(min_length=1, max_length=MAX_COMPLETION_PROMPTS)])
+    max_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = 16
+    logprobs: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -265,13 +280,14 @@ class ChatCompletionMessageParam(RequestModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template: str | None = None
+    chat_template: Annotated[str, Field(
+        description="refused unless the server runs with --trust-request-chat-template, as vLLM")] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int | None:

@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: messages in, an assistant message out, whole or streamed.
 
 Mirrors vllm/entrypoints/openai/chat_completion/serving.py (`OpenAIServingChat`). The messages are checked and
-rendered by mini/entrypoints/chat_utils.py, as `LLM.chat` does: with the request's `chat_template`, else
-the tokenizer's own (SmolLM2's ChatML template, for instance), else `FALLBACK_CHAT_TEMPLATE`, the
+rendered by mini/entrypoints/chat_utils.py, as `LLM.chat` does, on the renderer's thread
+(mini/entrypoints/openai/renderer.py): with the request's `chat_template` (only with
+`--trust-request-chat-template`, as vLLM), else the tokenizer's own (SmolLM2's ChatML template, for instance), else `FALLBACK_CHAT_TEMPLATE`, the
 documented one-line-per-message template the shipped tiny model gets:
 
     system: You are terse.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from mini.entrypoints.chat_utils import apply_chat_template, normalize_conversation
+from mini.entrypoints.chat_utils import normalize_conversation
 from mini.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionRequest,
@@ -32,7 +33,9 @@ from mini.entrypoints.openai.protocol import (
     DeltaMessage,
     random_id,
 )
+from mini.entrypoints.openai.renderer import UntrustedChatTemplate
 from mini.entrypoints.openai.serving_engine import SSE_DONE, OpenAIError, OpenAIServing, sse
+from mini.entrypoints.template_fuel import TemplateFuelExhausted
 from mini.outputs import SampleLogprobs
 
 
@@ -60,20 +63,23 @@ def chat_logprobs(logprobs: SampleLogprobs, token_ids: list[int], tokenizer: Any
 class OpenAIServingChat(OpenAIServing):
     """The /v1/chat/completions handler."""
 
-    def render(self, request: ChatCompletionRequest) -> dict[str, Any]:
-        tokenizer = self.tokenizer()
+    async def render(self, request: ChatCompletionRequest) -> dict[str, Any]:
+        """The prompt dict for the engine: the messages rendered and tokenized on the renderer's thread."""
+        self.tokenizer()   # 400 when the server has none
         try:
             conversation = normalize_conversation([message.model_dump() for message in request.messages])
-            text = apply_chat_template(
-                tokenizer, conversation, chat_template=request.chat_template,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                chat_template_kwargs=request.chat_template_kwargs)
+            text, token_ids = await self.renderer.render_chat(
+                conversation, request.chat_template, request.add_generation_prompt,
+                request.continue_final_message, request.chat_template_kwargs)
+        except UntrustedChatTemplate as error:
+            raise OpenAIError(str(error), param="chat_template") from error
+        except (TemplateFuelExhausted, TimeoutError) as error:
+            raise OpenAIError(str(error), param="chat_template") from error
         except (ValueError, TypeError) as error:
             raise OpenAIError(str(error), param="messages") from error
         except Exception as error:  # a template that fails to render (jinja errors)
             raise OpenAIError(f"the chat template failed to render: {error}", param="messages") from error
-        prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+        prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": token_ids}
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
         return prompt
@@ -81,11 +87,16 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest
                                      ) -> ChatCompletionResponse | AsyncGenerator[str, None]:
         self.check_model(request.model)
-        params = self.sampling_params(request)
-        prompt = self.render(request)
+        try:
+            self.renderer.check_template_trust(request.chat_template, request.chat_template_kwargs)
+        except UntrustedChatTemplate as error:
+            raise OpenAIError(str(error), param="chat_template") from error
+        self.sampling_params(request)   # every field checked before any rendering
+        prompt = await self.render(request)
+        params = self.params_for_prompt(request, len(prompt["prompt_token_ids"]), "messages")
         request_id = random_id("chatcmpl")
         model_name = request.model or self.served_model_names[0]
-        [(first, rest)] = await self.start_streams([prompt], params, request_id, request.priority)
+        [(first, rest)] = await self.start_streams([prompt], [params], request_id, request.priority)
         stream = self.with_first(first, rest)
         top_n = request.top_logprobs or 0
         if request.stream:

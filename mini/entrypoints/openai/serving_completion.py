@@ -86,9 +86,9 @@ class OpenAIServingCompletion(OpenAIServing):
         else:
             raise OpenAIError("prompt must be a str, a list of str, a list of token ids or a list of such lists "
                               "(and not empty)", param="prompt")
+        items = [p if isinstance(p, dict) else {"prompt": p} for p in items]
         if request.cache_salt is not None:
-            items = [dict(p, cache_salt=request.cache_salt) if isinstance(p, dict)
-                     else {"prompt": p, "cache_salt": request.cache_salt} for p in items]
+            items = [dict(p, cache_salt=request.cache_salt) for p in items]
         return items
 
     async def create_completion(self, request: CompletionRequest) -> CompletionResponse | AsyncGenerator[str, None]:
@@ -97,15 +97,26 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError("echo is not supported by mini", param="echo")
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported by mini", param="suffix")
-        params = self.sampling_params(request)
-        prompts = self.prompts(request)
+        self.sampling_params(request)   # every field checked before any tokenizing
+        prompts = await self.tokenized(self.prompts(request))
+        params = [self.params_for_prompt(request, len(p["prompt_token_ids"]), "prompt") for p in prompts]
         request_id = random_id("cmpl")
         model_name = request.model or self.served_model_names[0]
         started = await self.start_streams(prompts, params, request_id, request.priority)
         streams = [self.with_first(first, rest) for first, rest in started]
         if request.stream:
-            return self._stream(request, streams, request_id, model_name, params.n)
-        return await self._full(streams, request_id, model_name, params.n)
+            return self._stream(request, streams, request_id, model_name, request.n)
+        return await self._full(streams, request_id, model_name, request.n)
+
+    async def tokenized(self, prompts: list[Any]) -> list[dict[str, Any]]:
+        """Each prompt as a {"prompt_token_ids", ...} dict: text is tokenized on the renderer's thread."""
+        result = []
+        for prompt in prompts:
+            if "prompt_token_ids" not in prompt:
+                self.tokenizer()   # 400 when the server has none
+                prompt = dict(prompt, prompt_token_ids=await self.renderer.encode(prompt["prompt"]))
+            result.append(prompt)
+        return result
 
     async def _full(self, streams, request_id: str, model_name: str, n: int) -> CompletionResponse:
         texts: dict[int, CompletionOutput] = {}

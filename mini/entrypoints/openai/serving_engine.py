@@ -4,6 +4,11 @@ Mirrors vllm/entrypoints/serve/engine/serving.py (`BaseServing._check_model`, `B
 vllm/entrypoints/generate/base/serving.py (`GenerateBaseServing.create_streaming_error_response`) and
 vllm/utils/async_utils.py (`merge_async_iterators`); vLLM's older `OpenAIServing` held them in one class.
 
+Prompts reach the engine tokenized: the handlers tokenize (and render chat templates) on the renderer's worker
+thread (mini/entrypoints/openai/renderer.py), then clamp `max_tokens` to the room the prompt leaves in the
+context, as vLLM's `get_max_tokens` (vllm/entrypoints/serve/utils/api_utils.py); a prompt longer than the
+context is a 400 before anything reaches the engine.
+
 Streams are started with `start_streams`: it awaits each request's FIRST output before the handler
 answers, so a request the engine refuses (prompt too long, token id out of vocabulary, a duplicate id)
 becomes a 400 response, not a broken 200 stream. Everything started is aborted if anything fails.
@@ -18,6 +23,8 @@ from typing import Any
 
 from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingRequest, UsageInfo
+from mini.entrypoints.openai.renderer import PromptRenderer
+from mini.entrypoints.openai.serve_options import ServeOptions
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
 
@@ -83,10 +90,11 @@ async def merge_async_iterators(*iterators: AsyncIterator[Any]) -> AsyncGenerato
 class OpenAIServing:
     """The engine, the names it is served under, and the helpers every handler uses."""
 
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str]) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str], renderer: PromptRenderer | None = None) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
         self.max_model_len = int(engine.config.max_model_len)
+        self.renderer = renderer if renderer is not None else PromptRenderer(engine.tokenizer, ServeOptions())
 
     def check_model(self, model: str | None) -> None:
         """404 for a model this server does not serve (None: the default one, as vLLM allows)."""
@@ -94,11 +102,22 @@ class OpenAIServing:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
 
     @staticmethod
-    def sampling_params(request: SamplingRequest) -> SamplingParams:
+    def sampling_params(request: SamplingRequest, context_room: int | None = None) -> SamplingParams:
         try:
-            return request.to_sampling_params()
+            return request.to_sampling_params(context_room)
         except (ValueError, TypeError) as error:
             raise OpenAIError(str(error)) from error
+
+    def context_room(self, num_prompt_tokens: int, param: str) -> int:
+        """The tokens a prompt of this length leaves to generate; 400 when it leaves none."""
+        if num_prompt_tokens >= self.max_model_len:
+            raise OpenAIError(f"the prompt is {num_prompt_tokens} tokens long, which leaves no room to generate "
+                              f"in the model's context of max_model_len={self.max_model_len} tokens", param=param)
+        return self.max_model_len - num_prompt_tokens
+
+    def params_for_prompt(self, request: SamplingRequest, num_prompt_tokens: int, param: str) -> SamplingParams:
+        """The request's SamplingParams with `max_tokens` clamped to what this prompt leaves of the context."""
+        return self.sampling_params(request, self.context_room(num_prompt_tokens, param))
 
     def tokenizer(self) -> Any:
         tokenizer = self.engine.tokenizer
@@ -106,11 +125,11 @@ class OpenAIServing:
             raise OpenAIError("this server was started without a tokenizer: text prompts and chat are unavailable")
         return tokenizer
 
-    async def start_streams(self, prompts: list[Any], params: SamplingParams, request_id: str,
+    async def start_streams(self, prompts: list[Any], params: list[SamplingParams], request_id: str,
                             priority: int) -> list[tuple[RequestOutput, AsyncGenerator[RequestOutput, None]]]:
-        """Start one engine request per prompt; -> (first output, rest of the stream) for each."""
-        streams = [self.engine.generate(prompt, params, f"{request_id}-{i}", priority=priority)
-                   for i, prompt in enumerate(prompts)]
+        """Start one engine request per prompt (with its own params); -> (first output, rest of the stream)."""
+        streams = [self.engine.generate(prompt, prompt_params, f"{request_id}-{i}", priority=priority)
+                   for i, (prompt, prompt_params) in enumerate(zip(prompts, params, strict=True))]
         tasks = [asyncio.ensure_future(anext(stream)) for stream in streams]
         try:
             firsts = await asyncio.gather(*tasks)

@@ -24,12 +24,14 @@ from mini.entrypoints.chat_utils import ROLES
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 from mini.entrypoints.openai.openapi import PROMETHEUS_CONTENT_TYPE, SSE_CONTENT_TYPE
 from mini.entrypoints.openai.protocol import ChatCompletionMessageParam
+from mini.entrypoints.openai.serve_options import ServeOptions
 
 # Run again with the engine core in-process by scripts/test.sh (`-m engine_modes`): both modes are tested.
 pytestmark = pytest.mark.engine_modes
 
 MODEL = "tiny-llama"
 KEY = "contract-key"
+KEYED_BODY_LIMIT = 4096   # the keyed server's --max-request-body-size: a larger body is a 413
 AUTH = {"Authorization": f"Bearer {KEY}"}
 GEN = {"max_tokens": 3, "temperature": 0.0}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], **GEN}
@@ -60,15 +62,19 @@ for route, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CH
         ("open", "POST", route, {"json": {"model": "no-such-model", **body}}, 404, "application/json"),
         ("keyed", "POST", route, {"json": body}, 401, "application/json"),
         ("keyed", "POST", route, {"json": body, "headers": AUTH}, 200, "application/json"),
+        ("keyed", "POST", route, {"json": {**body, "user": "x" * KEYED_BODY_LIMIT}, "headers": AUTH}, 413,
+         "application/json"),
         ("dead", "POST", route, {"json": body}, 503, "application/json"),
     ]
 
 
 @pytest.fixture(scope="module")
 def servers():
-    """Three servers on one process: open, keyed, and one whose engine is shut down."""
+    """Three servers on one process: open, keyed (with a small body limit), and one whose engine is shut down."""
     engines = [AsyncLLM.from_engine_args(max_num_seqs=4, max_model_len=64) for _ in range(3)]
-    apps = {"open": build_app(engines[0], MODEL), "keyed": build_app(engines[1], MODEL, api_keys=[KEY]),
+    apps = {"open": build_app(engines[0], MODEL),
+            "keyed": build_app(engines[1], MODEL, api_keys=[KEY],
+                               options=ServeOptions(max_request_body_size=KEYED_BODY_LIMIT)),
             "dead": build_app(engines[2], MODEL)}
     engines[2].shutdown()
     with serve_in_thread(apps["open"]) as open_url, serve_in_thread(apps["keyed"]) as keyed_url, \
