@@ -44,10 +44,10 @@ from mini.engine.async_llm import RequestOutputCollector
 from mini.engine.async_llm import generate_stream as reference_generate
 from mini.engine.async_llm import merge_delta_outputs as reference_merge
 from mini.engine.async_llm import output_handler_step as reference_handler
-from mini.worker.startup import MemoryProfile
-from mini.worker.startup import determine_num_gpu_blocks as reference_num_gpu_blocks
 from mini.outputs import CompletionOutput, Logprob, RequestOutput
 from mini.sampling_params import RequestOutputKind, SamplingParams
+from mini.worker.startup import MemoryProfile
+from mini.worker.startup import determine_num_gpu_blocks as reference_num_gpu_blocks
 
 WORDS = ["the", " cat", " sat", ",", " on", " a", " mat", ".", "\n", " dog"]
 

@@ -485,8 +485,8 @@ def _busy_loop_script(prompt_ids: list[list[int]], tag: str, name: str, seed: in
     fixed script's lengths (of the requests whose timing its idle iterations do not depend on), its prompts
     and its utility call."""
     from mini.engine import EngineCoreRequest
-    from mini.serial_utils import EngineCoreRequestType
     from mini.sampling_params import SamplingParams
+    from mini.serial_utils import EngineCoreRequestType
 
     def add(index: int, max_tokens: int) -> tuple:
         request = EngineCoreRequest(request_id=f"{tag}-{index}", prompt=None, prompt_token_ids=prompt_ids[index],

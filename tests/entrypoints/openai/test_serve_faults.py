@@ -33,6 +33,9 @@ from patience import HANG_GUARD_S
 from mini.engine.core_proc import PROCESS_NAME as CORE_PROCESS_NAME
 from mini.entrypoints.openai.api_server import free_port
 
+# Run again with the engine core in-process by scripts/test.sh (`-m engine_modes`): both modes are tested.
+pytestmark = pytest.mark.engine_modes
+
 MULTIPROCESS = os.environ.get("MINI_ENABLE_V1_MULTIPROCESSING", "1") != "0"
 POLL_S = 0.02
 

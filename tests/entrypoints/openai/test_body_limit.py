@@ -21,6 +21,9 @@ from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 from mini.entrypoints.openai.serve_options import DEFAULT_MAX_REQUEST_BODY_SIZE, ServeOptions
 
+# Run again with the engine core in-process by scripts/test.sh (`-m engine_modes`): both modes are tested.
+pytestmark = pytest.mark.engine_modes
+
 MODEL = "tiny-llama"
 LIMIT = 2048
 

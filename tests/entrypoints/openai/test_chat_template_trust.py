@@ -27,6 +27,9 @@ from mini.entrypoints.openai.serve_options import ServeOptions
 from mini.entrypoints.template_fuel import TemplateFuelExhausted, run_with_fuel
 from mini.tokenizer import load_tokenizer
 
+# Run again with the engine core in-process by scripts/test.sh (`-m engine_modes`): both modes are tested.
+pytestmark = pytest.mark.engine_modes
+
 MODEL = "tiny-llama"
 MESSAGES = [{"role": "user", "content": "Hi"}]
 SHOUTING = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"

@@ -23,6 +23,9 @@ from patience import HANG_GUARD_S
 from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 
+# Run again with the engine core in-process by scripts/test.sh (`-m engine_modes`): both modes are tested.
+pytestmark = pytest.mark.engine_modes
+
 MODEL = "tiny-llama"
 MAX_MODEL_LEN = 64
 HUGE = 2**70

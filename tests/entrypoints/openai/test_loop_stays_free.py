@@ -28,6 +28,9 @@ from patience import HANG_GUARD_S
 from mini.engine.async_llm import AsyncLLM
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 
+# Run again with the engine core in-process by scripts/test.sh (`-m engine_modes`): both modes are tested.
+pytestmark = pytest.mark.engine_modes
+
 MODEL = "tiny-llama"
 FIVE_MB_PROMPT = "once upon a time " * (5_000_000 // 17)
 MANY_CHOICES = [f"choice number {i}" for i in range(30_000)]
