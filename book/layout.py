@@ -49,8 +49,10 @@ def pager(pages: list[Page], current: Page) -> str:
     index = pages.index(current)
     before = pages[index - 1] if index > 0 else None
     after = pages[index + 1] if index + 1 < len(pages) else None
-    left = f'<a rel="prev" href="{current.root}{before.url}">← {title_html(before.title)}</a>' if before else "<span></span>"
-    right = f'<a rel="next" href="{current.root}{after.url}">{title_html(after.title)} →</a>' if after else "<span></span>"
+    left = (f'<a rel="prev" href="{current.root}{before.url}">← {title_html(before.title)}</a>'
+            if before else "<span></span>")
+    right = (f'<a rel="next" href="{current.root}{after.url}">{title_html(after.title)} →</a>'
+             if after else "<span></span>")
     return f'<nav class="pager" aria-label="Previous and next">{left}{right}</nav>'
 
 

@@ -29,8 +29,10 @@ import sys
 
 from book.results import RESULTS_DIR, by_table, save
 
-MACHINE = re.compile(r"^machine: (?P<machine>[^;]*); torch (?P<torch>\S+), (?P<threads>\d+) threads; commit (?P<commit>\S+)")
-SPREAD = re.compile(r"^(?P<label>[A-Za-z][\w ,.'()/-]*?):\s+(?P<median>-?[\d.]+) \((?P<min>-?[\d.]+)-(?P<max>-?[\d.]+)\)")
+MACHINE = re.compile(r"^machine: (?P<machine>[^;]*); torch (?P<torch>\S+), (?P<threads>\d+) threads; "
+                     r"commit (?P<commit>\S+)")
+SPREAD = re.compile(r"^(?P<label>[A-Za-z][\w ,.'()/-]*?):\s+(?P<median>-?[\d.]+) "
+                    r"\((?P<min>-?[\d.]+)-(?P<max>-?[\d.]+)\)")
 PAIR = re.compile(r"(?<![\w.])(?P<name>[a-z][a-z0-9_]*)=(?P<value>-?\d+(?:\.\d+)?)(?![\w.])")
 
 

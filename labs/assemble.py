@@ -537,7 +537,8 @@ def assemble(notebooks_dir: str | os.PathLike | None = None, *, include_capstone
             continue
         report += _components_of(phase, folder, parts_available, triton_reason)
     for module_name, error in broken:
-        report.append(Component(module_name, "*", None, f"reference (phase table failed to load: {_first_line(error)})"))
+        report.append(Component(module_name, "*", None,
+                                f"reference (phase table failed to load: {_first_line(error)})"))
     return EngineParts(folder, report)
 
 
@@ -549,8 +550,8 @@ def first_divergence(expected: Sequence[Sequence[int]], got: Sequence[Sequence[i
     of the shorter sequence when one is a prefix of the other."""
     if len(expected) != len(got):
         raise ValueError(f"expected {len(expected)} outputs and got {len(got)}: compare runs of the same prompts")
-    for index, (want, have) in enumerate(zip(expected, got)):
-        for position, (a, b) in enumerate(zip(want, have)):
+    for index, (want, have) in enumerate(zip(expected, got, strict=False)):
+        for position, (a, b) in enumerate(zip(want, have, strict=False)):
             if a != b:
                 return index, position
         if len(want) != len(have):
@@ -591,9 +592,9 @@ def phase_scores(results: Iterable[Any]) -> dict[str, tuple[int, int]]:
 
 # ---------------------------------------------------------------- tables
 def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
     widths[-1] = 0  # the last column is free text
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(line, widths)).rstrip()
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip()
              for line in (header, *rows)]
     return "\n".join(lines)
 

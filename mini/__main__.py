@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
-                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|compile|distributed|async_scheduling] [--help | options]` (engine by default)")
+                   help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|"
+                        "compile|distributed|async_scheduling] [--help | options]` (engine by default)")
     return parser
 
 

@@ -7,9 +7,9 @@ prompt, a `BeamSearchInstance`: the live `beams` and the `completed`
 ones. Every step it sends each live beam to the engine as a new one-token request whose prompt is the
 beam's tokens (prompt + generated so far), asking for `2 * beam_width` logprobs; `beam_search_step` then
 extends each beam by each of those tokens: candidates ending in EOS move to `completed`; the best
-`beam_width` of the rest, by `get_beam_search_score`, are the next live beams (phase 06's exercise). The beams of one prompt share their prefix,
-so with prefix caching on, each step's requests find that prefix's full KV blocks in the cache and only
-prefill the tail: the sharing a V0-style beam search did with copy-on-write blocks, here for free.
+`beam_width` of the rest, by `get_beam_search_score`, are the next live beams (phase 06's exercise). The beams of one
+prompt share their prefix, so with prefix caching on, each step's requests find that prefix's full KV blocks in the
+cache and only prefill the tail: the sharing a V0-style beam search did with copy-on-write blocks, here for free.
 
 The score is vLLM v0.33.0's `get_beam_search_score`: the cumulative logprob divided by
 `max(num_generated_tokens, 1) ** length_penalty`, counting the generated tokens and a final EOS (one `logprobs`
@@ -103,7 +103,7 @@ def beam_search_step(
     """
     sort_beams_key = create_sort_beams_key_function(length_penalty)
     candidates: list[BeamSearchSequence] = []
-    for beam, logprobs in zip(instance.beams, beam_logprobs):
+    for beam, logprobs in zip(instance.beams, beam_logprobs, strict=True):
         if not logprobs:  # nothing came back (vLLM: the request hit max_model_len or was aborted)
             continue
         for token_id, logprob in logprobs.items():

@@ -115,7 +115,7 @@ class EngineConfig:
     async_scheduling: bool = field(default=False, metadata={
         "help": "schedule the next step while the model runs this one (vLLM's async scheduling)"})
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - a flat list of field checks, as vLLM's config validation
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         if self.speculative_config is not None and self.logits_processors:
             raise ValueError("speculative_config cannot be combined with custom logits_processors: a processor "
@@ -154,7 +154,8 @@ class EngineConfig:
             not isinstance(self.kv_cache_memory_bytes, int) or isinstance(self.kv_cache_memory_bytes, bool)
             or self.kv_cache_memory_bytes < 1
         ):
-            raise ValueError(f"kv_cache_memory_bytes must be a positive int or None, got {self.kv_cache_memory_bytes!r}")
+            raise ValueError("kv_cache_memory_bytes must be a positive int or None, "
+                             f"got {self.kv_cache_memory_bytes!r}")
         if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
                 or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be a float in (0, 1], got {self.gpu_memory_utilization!r}")

@@ -51,12 +51,14 @@ class Role:
 
 
 ROLES: tuple[Role, ...] = (
-    Role("kv_cache", "blocks of the paged KV cache: the free queue, allocation, hashing, prefix-cache hits and eviction",
+    Role("kv_cache",
+         "blocks of the paged KV cache: the free queue, allocation, hashing, prefix-cache hits and eviction",
          {"mini.core.block_pool:BlockPool": ("FreeKVCacheBlockQueue", "get_new_blocks", "free_blocks", "touch",
                                              "cache_full_blocks", "_maybe_evict_cached_block"),
           "mini.core.kv_cache_manager:KVCacheManager": ("allocate_slots", "get_computed_blocks",
                                                         "hash_block_tokens", "hash_request_tokens")}),
-    Role("scheduler", "the scheduling policy step: who runs, how many tokens each, who is preempted, when a request stops",
+    Role("scheduler",
+         "the scheduling policy step: who runs, how many tokens each, who is preempted, when a request stops",
          {"mini.core.sched.scheduler:Scheduler": ("schedule", "num_tokens_to_schedule", "select_preemption_victim",
                                                   "check_stop")}),
     Role("input_preparation", "the persistent batch and the flat tensors of one forward pass",

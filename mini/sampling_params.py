@@ -2,8 +2,8 @@
 
 Same field names and defaults as vLLM's `SamplingParams`. `__post_init__` normalizes the fields the way
 vLLM does (`stop` str -> list, `top_k=-1` accepted as "off", `seed=-1` -> None, greedy when the
-temperature is ~0) and then validates them like vLLM's `_verify_args`. Every invalid field raises `ValueError` naming the field and
-what is allowed, a value of the wrong type (`stop=123`, `temperature="hot"`) included: vLLM raises
+temperature is ~0) and then validates them like vLLM's `_verify_args`. Every invalid field raises `ValueError` naming
+the field and what is allowed, a value of the wrong type (`stop=123`, `temperature="hot"`) included: vLLM raises
 `ValueError` for bad sampling parameters, and so does its OpenAI server's request validation.
 
 Checks that need the model's vocabulary (token ids < vocab_size) live in
@@ -229,7 +229,7 @@ class SamplingParams:
             normalized[token_id] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(bias)))
         return normalized
 
-    def _verify_args(self) -> None:
+    def _verify_args(self) -> None:  # noqa: C901 - a flat list of field checks, as vLLM's SamplingParams._verify_args
         """Range checks, as vLLM's SamplingParams._verify_args."""
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+ruff check .   # the lint rules and line length of pyproject.toml's [tool.ruff]
 python -m pytest -n 2 --dist loadfile tests labs --reference "$@"
 if [ "$#" -eq 0 ]; then
     MINI_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -n 2 --dist loadfile -m engine_modes tests

@@ -171,7 +171,8 @@ SAME_AS = {"LLM": "EngineConfig"}   # LLM(**kwargs) takes EngineConfig's fields:
 
 
 def _listed(table: dict[str, str], label: str, name: str) -> bool:
-    return f"{label}.{name}" in table or f"{SAME_AS.get(label, label)}.{name}" in table   # mini's positional `model` is vllm serve's `model_tag`
+    # mini's positional `model` is vllm serve's `model_tag`
+    return f"{label}.{name}" in table or f"{SAME_AS.get(label, label)}.{name}" in table
 
 
 def _differences(label: str) -> tuple[list[str], list[str]]:

@@ -198,7 +198,8 @@ def _array_difference(expected: Any, got: Any, path: tuple, axis_names: tuple[st
 
     e, g = _as_array(expected), _as_array(got)
     if e is None or g is None:
-        return f"at {_coordinates(path, axis_names) or 'the top'}: expected a {type(expected).__name__}, got a {type(got).__name__}"
+        return (f"at {_coordinates(path, axis_names) or 'the top'}: expected a {type(expected).__name__}, "
+                f"got a {type(got).__name__}")
     where = _coordinates(path, axis_names)
     prefix = f"at {where}: " if where else ""
     if e.shape != g.shape:
@@ -253,7 +254,7 @@ def first_difference(expected: Any, got: Any, *, axis_names: tuple[str, ...] | N
                 return found
         return None
     if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
-        for i, (e, g) in enumerate(zip(expected, got)):
+        for i, (e, g) in enumerate(zip(expected, got, strict=False)):
             found = first_difference(e, g, axis_names=axis_names, window=window, atol=atol, rtol=rtol,
                                      _path=(*_path, i))
             if found is not None:
@@ -323,7 +324,7 @@ def expect_same_steps(
     before, and `context[step]` (what the reference did at that step, e.g. its scheduler events)."""
     __tracebackhide__ = True
     names = step_names if step_names is not None else list(range(max(len(expected_steps), len(got_steps))))
-    for i, (expected, got) in enumerate(zip(expected_steps, got_steps)):
+    for i, (expected, got) in enumerate(zip(expected_steps, got_steps, strict=False)):
         found = first_difference(expected, got)
         if found is None:
             continue
@@ -361,8 +362,8 @@ def expect_same_outputs(
     hint: str = "the engine with your parts plugged in must generate exactly what the reference engine does",
 ) -> None:
     """Two engines' outputs (lists of RequestOutputs, of token-id lists or of any values, or dicts {request id:
-    token ids}) compared request by request and token by token; on a mismatch, the first request that differs, its prompt, and the first token (step) where the
-    two generations part, with the tokens both agreed on up to there."""
+    token ids}) compared request by request and token by token; on a mismatch, the first request that differs, its
+    prompt, and the first token (step) where the two generations part, with the tokens both agreed on up to there."""
     __tracebackhide__ = True
     if isinstance(expected_outputs, dict) and isinstance(got_outputs, dict):  # {request id: tokens}
         if list(expected_outputs) != list(got_outputs):
@@ -375,7 +376,7 @@ def expect_same_outputs(
     if len(expected_outputs) != len(got_outputs):
         raise AssertionError(f"{what}: expected {len(expected_outputs)} requests' outputs, got {len(got_outputs)}"
                              f"\n  hint: {hint}")
-    for i, (expected, got) in enumerate(zip(expected_outputs, got_outputs)):
+    for i, (expected, got) in enumerate(zip(expected_outputs, got_outputs, strict=False)):
         e, g = _output_fields(expected), _output_fields(got)
         if first_difference(e, g) is None:
             continue
@@ -386,7 +387,7 @@ def expect_same_outputs(
         e_tokens = e.get("token_ids") if isinstance(e, dict) else e if isinstance(e, list) else None
         g_tokens = g.get("token_ids") if isinstance(g, dict) else g if isinstance(g, list) else None
         if isinstance(e_tokens, list) and isinstance(g_tokens, list) and e_tokens != g_tokens:
-            step = next((k for k, (a, b) in enumerate(zip(e_tokens, g_tokens)) if a != b),
+            step = next((k for k, (a, b) in enumerate(zip(e_tokens, g_tokens, strict=False)) if a != b),
                         min(len(e_tokens), len(g_tokens)))
             lines.append(f"  first differing token: step {step} (the generated token number {step}); "
                          f"tokens 0..{step - 1} agree: {_short(e_tokens[:step])}" if step else

@@ -286,7 +286,7 @@ CALLS_HINT = {  # (cached loop?, what is off) -> the concept to revisit
 
 def _check_calls(name: str, cached: bool, inputs: dict[str, Any], expected: list[dict], got: list[dict]) -> None:
     __tracebackhide__ = True
-    step = next((k for k, (e, g) in enumerate(zip(expected, got)) if e != g), None)
+    step = next((k for k, (e, g) in enumerate(zip(expected, got, strict=False)) if e != g), None)
     if step is not None:
         e, g = expected[step], got[step]
         kind = ("cache" if e["cache passed"] != g["cache passed"] else "fed" if e["token ids fed"] != g["token ids fed"]
@@ -331,7 +331,7 @@ def _check_tokens(name: str, cached: bool, inputs: dict[str, Any], expected: lis
     prompt = inputs["prompt_token_ids"]
     step = None
     if isinstance(got, list):
-        step = next((k for k, (e, g) in enumerate(zip(expected, got)) if e != g), None)
+        step = next((k for k, (e, g) in enumerate(zip(expected, got, strict=False)) if e != g), None)
     hint = _token_hint(cached, prompt, expected, got, step)
     lines = [f"{name}: wrong tokens for prompt_token_ids={prompt}, max_new_tokens={inputs['max_new_tokens']}"]
     if step is not None:

@@ -24,6 +24,7 @@ mini's is the full-attention, single-group case of it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import types
@@ -494,11 +495,8 @@ def _check_null_and_double_free(free_blocks: Callable) -> None:
         before = _pool_state(pool)
         inputs = {"ordered_blocks": [f"block {b.block_id} (ref_cnt {b.ref_cnt})" for b in blocks()],
                   "free queue before": before["free_queue"]}
-        with calling("free_blocks", inputs, hint=hint):
-            try:
-                pool.free_blocks(blocks())
-            except ValueError:
-                pass
+        with calling("free_blocks", inputs, hint=hint), contextlib.suppress(ValueError):
+            pool.free_blocks(blocks())
         after = _pool_state(pool)
         expect_equal(f"the free queue after {what}", inputs, before["free_queue"], after["free_queue"], hint)
         if what == "freeing the null block":
@@ -661,7 +659,8 @@ def _replay_allocations(reference: KVCacheManager, manager: KVCacheManager, ops:
 
 
 PHASE = Phase("01_paged_kv", (
-    Exercise("FreeKVCacheBlockQueue", check_free_block_queue, points=4, grade_id="test-free-block-queue", part="FreeKVCacheBlockQueue"),
+    Exercise("FreeKVCacheBlockQueue", check_free_block_queue, points=4, grade_id="test-free-block-queue",
+             part="FreeKVCacheBlockQueue"),
     Exercise("get_new_blocks", check_get_new_blocks, points=2, grade_id="test-get-new-blocks", part="get_new_blocks"),
     Exercise("free_blocks", check_free_blocks, points=2, grade_id="test-free-blocks", part="free_blocks"),
     Exercise("allocate_slots", check_allocate_slots, points=3, grade_id="test-allocate-slots", part="allocate_slots",

@@ -139,9 +139,9 @@ def _expect_vectorized(name: str, few: int, many: int, sizes: tuple[int, int], h
 
 def first_difference(want: list, have: list) -> str:
     """Where two (nested) lists first differ: its coordinates, both values, and a window of 3 entries each side."""
-    if not isinstance(have, list) or len(want) != len(have) and all(a == b for a, b in zip(want, have)):
+    if not isinstance(have, list) or len(want) != len(have) and all(a == b for a, b in zip(want, have, strict=False)):
         return f"length {len(have) if isinstance(have, list) else '?'}, expected {len(want)}"
-    for i, (a, b) in enumerate(zip(want, have)):
+    for i, (a, b) in enumerate(zip(want, have, strict=False)):
         if a != b:
             if isinstance(a, list) and isinstance(b, list):
                 inner = first_difference(a, b)
@@ -366,7 +366,8 @@ def expect_same_tokens(mine: Any, expected: Any, label: str) -> None:
     for req_id, want in expected.items():
         want, have = list(want), list(mine.get(req_id, []))
         if want != have:
-            position = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+            position = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), min(len(want),
+                                                                                                         len(have)))
             raise AssertionError(
                 f"{label}: {req_id} generated different tokens from token {position} on; expected {want}, "
                 f"got {have}") from None
@@ -381,9 +382,10 @@ def expect_same_slot_mappings(mine: Any, reference_run: Any) -> None:
     __tracebackhide__ = True
     want_steps = [s.batch.slot_mapping for s in reference_run.snapshots[1:]]
     have_steps = [s.batch.slot_mapping for s in mine.snapshots[1:]]
-    for step, (want, have) in enumerate(zip(want_steps, have_steps), start=1):
+    for step, (want, have) in enumerate(zip(want_steps, have_steps, strict=False), start=1):
         if want != have:
-            row = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+            row = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), min(len(want),
+                                                                                                    len(have)))
             raise AssertionError(
                 f"engine step {step}: slot_mapping differs from flat row {row} on; expected {want}, got {have}"
             ) from None
@@ -393,9 +395,11 @@ def expect_same_slot_mappings(mine: Any, reference_run: Any) -> None:
 
 
 PHASE = Phase("02_slot_mapping", (
-    Exercise("compute_query_start_loc", check_query_start_loc, points=2, grade_id="test-query-start-loc", part="compute_query_start_loc"),
+    Exercise("compute_query_start_loc", check_query_start_loc, points=2, grade_id="test-query-start-loc",
+             part="compute_query_start_loc"),
     Exercise("compute_positions", check_positions, points=2, grade_id="test-positions", part="compute_positions"),
-    Exercise("compute_slot_mapping", check_slot_mapping, points=3, grade_id="test-slot-mapping", part="compute_slot_mapping",
+    Exercise("compute_slot_mapping", check_slot_mapping, points=3, grade_id="test-slot-mapping",
+             part="compute_slot_mapping",
              design="the slot rule itself, derived from traced tokens (block size, block table row, position -> "
                     "slot), then vectorized"),
     Exercise("prepare_inputs", check_prepare_inputs, points=3, grade_id="test-prepare-inputs", part="prepare_inputs"),

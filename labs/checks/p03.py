@@ -121,7 +121,8 @@ def _scale(batch: dict[str, Any]) -> float:
 def _metadata(batch: dict[str, Any]) -> AttentionMetadata:
     """The step's metadata as the engine builds it: phase 02's flat batch, then the one metadata builder."""
     computed, scheduled = batch["num_computed_tokens"], batch["num_scheduled_tokens"]
-    token_ids = [[0] * (c + s) for c, s in zip(computed, scheduled)]  # attention never reads the token ids
+    token_ids = [[0] * (c + s) for c, s in zip(computed, scheduled,
+                                               strict=False)]  # attention never reads the token ids
     return build_attention_metadata(
         prep.prepare_inputs(token_ids, computed, scheduled, batch["block_ids"], batch["block_size"]))
 

@@ -343,7 +343,8 @@ def check_build_attention_metadata(
                 type(value).__name__,
                 "a plain Python int (int(...) of a 0-d tensor): kernels take it as a launch size and "
                 "the runner compares it without syncing with the device",
-                equal=lambda expected_type, got_type, value=value: isinstance(value, int) and not isinstance(value, bool),
+                equal=lambda expected_type, got_type, value=value: (isinstance(value, int)
+                                                                    and not isinstance(value, bool)),
             )
             expect_equal(
                 f"build_attention_metadata(...).{name}",
@@ -487,8 +488,8 @@ def check_run_model(run_model: Callable, seeds: Iterable[int] = range(3)) -> Non
                 "each token at its own position in its request (inputs.positions); a wrong row at a later step "
                 "means the K/V of an earlier step never reached kv_caches",
             )
-            last_positions = [computed[i] + n - 1 for i, n in zip(rows, scheduled)]
-            hf_rows = torch.stack([hf_logits[i][p] for i, p in zip(rows, last_positions)])
+            last_positions = [computed[i] + n - 1 for i, n in zip(rows, scheduled, strict=False)]
+            hf_rows = torch.stack([hf_logits[i][p] for i, p in zip(rows, last_positions, strict=False)])
             _expect_close_rows(
                 "run_model logits [num_reqs, vocab] (vs transformers on the full sequences)",
                 inputs,
@@ -496,7 +497,7 @@ def check_run_model(run_model: Callable, seeds: Iterable[int] = range(3)) -> Non
                 logits,
                 "one row per request: model.compute_logits(hidden[inputs.logits_indices])",
             )
-            for i, n in zip(rows, scheduled):
+            for i, n in zip(rows, scheduled, strict=False):
                 computed[i] += n
             num_steps += 1
     passed("check_run_model", num_steps)
@@ -566,7 +567,8 @@ def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[
         scheduling_policy=workload.get("policy", "fcfs"),
     )
     scheduler = Scheduler(config, KVCacheManager(workload["num_blocks"], workload["block_size"]))
-    pending = {f"r{i}": (p, n) for i, (p, n) in enumerate(zip(workload["prompts"], workload["max_tokens"]))}
+    pending = {f"r{i}": (p, n) for i, (p,
+                                       n) in enumerate(zip(workload["prompts"], workload["max_tokens"], strict=False))}
     steps: list[tuple[Any, dict[str, list[int]]]] = []
     for step in range(200):
         for req_id in [r for r in pending if workload["late"].get(r, 0) <= step]:
@@ -590,7 +592,7 @@ def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[
         output = scheduler.schedule()
         computed = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
         cached = output.scheduled_cached_reqs
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
         sampled = {}
         for req_id, count in output.num_scheduled_tokens.items():
             is_partial = computed[req_id] + count < scheduler.requests[req_id].num_tokens
@@ -689,7 +691,8 @@ def _describe(scheduler_output: Any) -> dict[str, Any]:
             )
             for n in scheduler_output.scheduled_new_reqs
         ],
-        "scheduled_cached_reqs": list(zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)),
+        "scheduled_cached_reqs": list(zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,
+                                          strict=False)),
         "num_scheduled_tokens": dict(scheduler_output.num_scheduled_tokens),
     }
 
@@ -787,7 +790,8 @@ WARM_UP = (tiny_models, _small_model)
 PHASE = Phase("04_model_runner", (
     Exercise("rms_norm", check_rms_norm, points=3, grade_id="test-rms-norm", part="rms_norm"),
     Exercise("apply_rotary", check_apply_rotary, points=2, grade_id="test-apply-rotary", part="apply_rotary"),
-    Exercise("build_attention_metadata", check_build_attention_metadata, points=2, grade_id="test-attention-metadata", part="build_attention_metadata"),
+    Exercise("build_attention_metadata", check_build_attention_metadata, points=2, grade_id="test-attention-metadata",
+             part="build_attention_metadata"),
     Exercise("run_model", check_run_model, points=2, grade_id="test-run-model", part="run_model"),
     Exercise("update_states", check_update_states, points=6, grade_id="test-update-states", part="update_states",
              design="the order of update_states' operations (drop, unschedule, take in, extend, add rows, condense, "

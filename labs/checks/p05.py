@@ -271,7 +271,7 @@ def summarize_output(output: Any) -> dict[str, Any]:
             (r.req_id, list(r.block_ids), r.num_computed_tokens) for r in output.scheduled_new_reqs
         ],
         "cached_reqs (req_id, new_block_ids, num_computed_tokens)": list(
-            zip(cached.req_ids, [list(b) for b in cached.new_block_ids], cached.num_computed_tokens)
+            zip(cached.req_ids, [list(b) for b in cached.new_block_ids], cached.num_computed_tokens, strict=False)
         ),
         "preempted_req_ids": sorted(output.preempted_req_ids),
         "finished_req_ids": sorted(output.finished_req_ids),
@@ -865,7 +865,7 @@ def _classify_spec(config: dict[str, Any], context: dict[str, Any], want: dict[s
     return None
 
 
-def _classify(config: dict[str, Any], context: dict[str, Any], want: dict[str, Any],
+def _classify(config: dict[str, Any], context: dict[str, Any], want: dict[str, Any],  # noqa: C901 - a case per mistake
               have: dict[str, Any]) -> str | None:
     if want["ended"] or have["ended"]:
         return None
@@ -959,8 +959,10 @@ def expect_same_spec_stats(mine: Any, reference_llm: Any) -> None:
 
 
 PHASE = Phase("05_scheduler", (
-    Exercise("num_tokens_to_schedule", check_num_tokens_to_schedule, points=2, grade_id="test-num-tokens", part="num_tokens_to_schedule"),
-    Exercise("select_preemption_victim", check_select_preemption_victim, points=2, grade_id="test-victim", part="select_preemption_victim"),
+    Exercise("num_tokens_to_schedule", check_num_tokens_to_schedule, points=2, grade_id="test-num-tokens",
+             part="num_tokens_to_schedule"),
+    Exercise("select_preemption_victim", check_select_preemption_victim, points=2, grade_id="test-victim",
+             part="select_preemption_victim"),
     Exercise("schedule", check_schedule, points=8, grade_id="test-schedule", part="schedule",
              design="schedule() with speculative tokens: how drafts share the budget and the length limit, which "
                     "of them a step verifies, the lookahead slots a drafter with its own KV cache needs, and what an "

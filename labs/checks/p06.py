@@ -168,7 +168,8 @@ def check_detokenize_incrementally(
                 got,
                 "decode tokens[prefix_offset:read_offset] and tokens[prefix_offset:]; the new text is "
                 "the difference (the prefix is context: a Llama-style tokenizer drops a word's leading "
-                "space when its token is decoded alone). If it ends in '\\ufffd' (an unfinished character) or adds nothing, "
+                "space when its token is decoded alone). If it ends in '\\ufffd' (an unfinished character) or adds "
+                "nothing, "
                 "return '' and the SAME offsets; else (text, read_offset, len(tokens))",
             )
             window = len(inputs["tokens"]) - inputs["prefix_offset"]
@@ -817,7 +818,7 @@ def _beam_case(seed: int) -> dict[str, Any]:
             continue
         ids = rng.sample(range(vocab), min(vocab, 2 * beam_width))
         values = sorted((rng.choice(quarter) for _ in ids), reverse=True)
-        table = dict(zip(ids, values))
+        table = dict(zip(ids, values, strict=False))
         if rng.random() < 0.3:  # a sampled token outside the top 2 * beam_width comes first in the dict
             extra = rng.randrange(vocab, vocab + 3)
             table = {extra: -3.0, **table}
@@ -875,7 +876,8 @@ def check_beam_search_step(beam_search_step: Callable, seeds: Iterable[int] = ra
             have = [_beam_row(b, lp) for b in getattr(instance, name)]
             if want == have:
                 continue
-            position = next((k for k, (w, h) in enumerate(zip(want, have)) if w != h), min(len(want), len(have)))
+            position = next((k for k, (w, h) in enumerate(zip(want, have, strict=False)) if w != h), min(len(want),
+                                                                                                         len(have)))
             hint = ("every (live beam, token of its logprobs dict) pair is a candidate, with cum_logprob + that "
                     "logprob; rank by score = cum_logprob / max(generated, 1) ** length_penalty (generated: the "
                     "beam's generated tokens, a final EOS included, NOT the prompt) and keep the best "
@@ -920,7 +922,8 @@ WARM_UP = (shipped_tokenizer, llama_style_tokenizer, import_engine_stack)
 PHASE = Phase("06_engine_loop", (
     Exercise("detokenize_incrementally", check_detokenize_incrementally, points=3, grade_id="test-detokenize",
              part="detokenize_incrementally"),
-    Exercise("check_stop_strings", check_check_stop_strings, points=3, grade_id="test-stop-strings", handle_name="stop_strings",
+    Exercise("check_stop_strings", check_check_stop_strings, points=3, grade_id="test-stop-strings",
+             handle_name="stop_strings",
              part="check_stop_strings"),
     Exercise("check_stop", check_check_stop, points=2, grade_id="test-check-stop", part="check_stop"),
     Exercise("step", check_step, points=2, grade_id="test-step",

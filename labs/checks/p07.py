@@ -105,7 +105,8 @@ def _state_shape_problem(got: Any, group: int, dim: int) -> str | None:
     if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
         kinds = ([type(t).__name__ for t in got] if isinstance(got, (tuple, list)) else type(got).__name__)
         return f"it must return (new_max, new_sum, new_acc), three tensors; got {kinds}"
-    for what, value, shape in zip(("new_max", "new_sum", "new_acc"), got, ((group,), (group,), (group, dim))):
+    for what, value, shape in zip(("new_max", "new_sum", "new_acc"), got, ((group,), (group,), (group, dim)),
+                                  strict=False):
         if tuple(value.shape) != shape:
             return (f"{what} has shape {list(value.shape)}, expected {list(shape)}: one entry per query row"
                     f"{' and value dimension' if what == 'new_acc' else ''} (a reduction over the tile keeps "
@@ -135,7 +136,7 @@ def check_online_softmax_update(online_softmax_update: Callable, seeds: Iterable
                 raise AssertionError(f"online_softmax_update: {problem}\n  inputs: {inputs}")
             got = tuple(t.detach().float().cpu() for t in got)
             tile_index = start // tile
-            for what, expected, value in zip(("new_max", "new_sum", "new_acc"), state, got):
+            for what, expected, value in zip(("new_max", "new_sum", "new_acc"), state, got, strict=False):
                 if torch.allclose(expected, value, rtol=1e-5, atol=1e-5, equal_nan=True):
                     continue
                 rows = value.reshape(group, -1)
@@ -150,7 +151,8 @@ def check_online_softmax_update(online_softmax_update: Callable, seeds: Iterable
                 elif nan_rows.any():
                     hint = ("nan in a row whose scores are all -inf so far (masked): such a row has max -inf, and "
                             "exp(-inf - (-inf)) is nan; it must keep max -inf, sum 0 and acc 0")
-                elif what == "new_max" and torch.equal(value, torch.full_like(value, float(value.max()))) and group > 1 \
+                elif what == "new_max" and torch.equal(value,
+                                                       torch.full_like(value, float(value.max()))) and group > 1 \
                         and not torch.equal(expected, torch.full_like(expected, float(expected.max()))):
                     hint = ("every row got the same max: the max is taken per query row (over the tile's columns), "
                             "never across rows")
@@ -217,7 +219,7 @@ def make_batch(seq_lens: list[int], *, block_size: int, num_kv_heads: int, group
     width = max(blocks_per_request)
     starts = [0]
     slots = []
-    for ids, seq_len, query_len in zip(block_ids, seq_lens, query_lens):
+    for ids, seq_len, query_len in zip(block_ids, seq_lens, query_lens, strict=False):
         slots += [ids[p // block_size] * block_size + p % block_size for p in range(seq_len - query_len, seq_len)]
         starts.append(starts[-1] + query_len)
     for token in skipped_tokens:
@@ -400,7 +402,8 @@ def _read_as_packed(tensor: torch.Tensor, token: int) -> torch.Tensor | None:
         return None
 
 
-def _store_difference(batch: dict[str, Any], before: torch.Tensor, expected: torch.Tensor) -> tuple[str, str] | None:
+# Complex by design: one branch per kernel mistake its feedback names.
+def _store_difference(batch: dict[str, Any], before: torch.Tensor, expected: torch.Tensor) -> tuple[str, str] | None:  # noqa: C901
     """None when the cache is right; else (where: the first wrong slot located, hint: the concept it breaks)."""
     cache = batch["kv_cache"]
     _, _, block_size, num_kv_heads, head_size = cache.shape
@@ -884,11 +887,13 @@ PHASE = Phase("07_attention_kernel", (
     Exercise("online_softmax_update", check_online_softmax_update, points=2, grade_id="test-online-softmax",
              design="the online-softmax update, derived from the state's invariant alone (rescaling when a tile "
                     "raises the max; a row that has seen only -inf keeps (-inf, 0, 0) without nan)"),
-    Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel", part="_store_kv_kernel", needs_triton=True, handle_name="kernel_store_kv"),
+    Exercise("_store_kv_kernel", check_store_kv_kernel, points=2, grade_id="test-store-kernel",
+             part="_store_kv_kernel", needs_triton=True, handle_name="kernel_store_kv"),
     Exercise("store_kv", check_store_kv, points=1, grade_id="test-store-kv", part="triton_store_kv", needs_triton=True),
     Exercise("_paged_decode_kernel", check_paged_decode_kernel, points=5, grade_id="test-decode-kernel",
              part="_paged_decode_kernel", needs_triton=True, handle_name="kernel_paged_decode",
              design="one decode program's walk from its (request, KV head) ids: which rows, which cache addresses, "
                     "which lanes are masked, and how tiles fold, so each key and value is read once"),
-    Exercise("paged_decode", check_paged_decode, points=1, grade_id="test-paged-decode", part="paged_decode", needs_triton=True),
+    Exercise("paged_decode", check_paged_decode, points=1, grade_id="test-paged-decode", part="paged_decode",
+             needs_triton=True),
 ))

@@ -288,11 +288,11 @@ def expect_same_generations(prompts: list, params: list, expected: list, got: li
     """The plugged engine's outputs vs the reference engine's, request by request, step by step: raises
     an AssertionError naming the first request and step whose token (or logprobs) differ."""
     __tracebackhide__ = True
-    for index, (prompt, sampling, want, have) in enumerate(zip(prompts, params, expected, got)):
+    for index, (prompt, sampling, want, have) in enumerate(zip(prompts, params, expected, got, strict=False)):
         want_ids, have_ids = list(want.outputs[0].token_ids), list(have.outputs[0].token_ids)
         request = {"request": index, "prompt": prompt, "params (non-default)": _non_default(sampling)}
         if want_ids != have_ids:
-            step = next((i for i, (a, b) in enumerate(zip(want_ids, have_ids)) if a != b),
+            step = next((i for i, (a, b) in enumerate(zip(want_ids, have_ids, strict=False)) if a != b),
                         min(len(want_ids), len(have_ids)))
             raise AssertionError(counterexample(
                 f"Plug it in: request {index} differs at step {step} (its token number {step})",
@@ -304,7 +304,7 @@ def expect_same_generations(prompts: list, params: list, expected: list, got: li
                 "compare your function with the reference on the step shown"))
         want_lp, have_lp = want.outputs[0].logprobs, have.outputs[0].logprobs
         if want_lp != have_lp:
-            step = next((i for i, (a, b) in enumerate(zip(want_lp or [], have_lp or [])) if a != b), 0)
+            step = next((i for i, (a, b) in enumerate(zip(want_lp or [], have_lp or [], strict=False)) if a != b), 0)
             raise AssertionError(counterexample(
                 f"Plug it in: request {index}'s logprobs differ at step {step}", request,
                 (want_lp or [None])[step] if want_lp else None, (have_lp or [None])[step] if have_lp else None,
@@ -520,7 +520,7 @@ def _generators(seeds_by_row: dict[int, int]) -> dict[int, torch.Generator]:
 
 def _chi_square(counts: list[int], probs: list[float]) -> float:
     total = sum(counts)
-    return sum((c - total * q) ** 2 / (total * q) for c, q in zip(counts, probs) if q > 0)
+    return sum((c - total * q) ** 2 / (total * q) for c, q in zip(counts, probs, strict=False) if q > 0)
 
 
 def _race_with_tensor_exponential(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
@@ -783,11 +783,15 @@ def check_gather_logprobs(gather_logprobs: Callable, seeds: Iterable[int] = rang
 
 
 PHASE = Phase("08_sampler", (
-    Exercise("apply_temperature", check_apply_temperature, points=1, grade_id="test-temperature", part="apply_temperature"),
+    Exercise("apply_temperature", check_apply_temperature, points=1, grade_id="test-temperature",
+             part="apply_temperature"),
     Exercise("apply_bad_words", check_apply_bad_words, points=4, grade_id="test-bad-words", part="apply_bad_words"),
-    Exercise("apply_top_k_top_p", check_apply_top_k_top_p, points=5, grade_id="test-top-k-top-p", part="apply_top_k_top_p",
-             design="the branch-free algorithm: how a few batched operations give every row its own top-k and top-p cut "
-                    "(ties, the boundary token, p = 1 bit-identical, fully masked rows), from the contract of what is kept"),
+    Exercise("apply_top_k_top_p", check_apply_top_k_top_p, points=5, grade_id="test-top-k-top-p",
+             part="apply_top_k_top_p",
+             design="the branch-free algorithm: how a few batched operations give every row its own top-k and "
+                    "top-p cut (ties, the boundary token, p = 1 bit-identical, fully masked rows), from the contract "
+                    "of what is kept"),
     Exercise("random_sample", check_random_sample, points=3, grade_id="test-random-sample", part="random_sample"),
-    Exercise("gather_logprobs", check_gather_logprobs, points=3, grade_id="test-gather-logprobs", part="gather_logprobs"),
+    Exercise("gather_logprobs", check_gather_logprobs, points=3, grade_id="test-gather-logprobs",
+             part="gather_logprobs"),
 ))

@@ -3,9 +3,11 @@
     check_apply_all_penalties(apply_all_penalties)       vs mini.sample.ops.penalties.apply_all_penalties
     check_process_dict_updates(process_dict_updates)     vs mini.sample.logits_processor.builtin.process_dict_updates
     check_min_p_processor(MinPLogitsProcessor)           vs mini.sample.logits_processor.builtin.MinPLogitsProcessor
-    check_logit_bias_processor(LogitBiasLogitsProcessor) vs mini.sample.logits_processor.builtin.LogitBiasLogitsProcessor
-    check_min_tokens_processor(MinTokensLogitsProcessor) vs mini.sample.logits_processor.builtin.MinTokensLogitsProcessor
-    check_condense(condense)                             the invariants of a condensed batch (a design exercise)
+    check_logit_bias_processor(LogitBiasLogitsProcessor) vs
+    mini.sample.logits_processor.builtin.LogitBiasLogitsProcessor
+    check_min_tokens_processor(MinTokensLogitsProcessor) vs
+    mini.sample.logits_processor.builtin.MinTokensLogitsProcessor check_condense(condense)
+    the invariants of a condensed batch (a design exercise)
 
 The processors are checked under a fuzz of BatchUpdates built by the persistent batch's rules (new
 requests fill the lowest holes, extra new ones append, extra removals are condensed by moving the
@@ -692,7 +694,8 @@ def _explain_min_tokens(requests: list[FakeRequest], row: int, token: int, logit
 
         held = [r for r, request in enumerate(requests) if request.params.min_tokens > len(request.output_token_ids)]
         eos_of = {r: set(requests[r].params.all_stop_token_ids) - set(requests[r].params.stop_token_ids) for r in held}
-        forgot_eos = any(requests[r].params.stop_token_ids and all(masked(r, t) for t in requests[r].params.stop_token_ids)
+        forgot_eos = any(requests[r].params.stop_token_ids and all(masked(r,
+                                                                          t) for t in requests[r].params.stop_token_ids)
                          and not all(masked(r, t) for t in eos_of[r]) for r in held)
         knows_eos = any(eos_of[r] and all(masked(r, t) for t in eos_of[r]) for r in held)
         explicit = list(params.stop_token_ids)
@@ -885,7 +888,8 @@ def _check_condensed(batch: InputBatch, inputs: dict[str, Any], before: list[Any
                          "stay put; only the requests beyond the new end move, one move per hole", )
     states = _names(batch.requests)
     if states != rows:
-        row = next((i for i, (a, b) in enumerate(zip(rows, states)) if a != b), min(len(rows), len(states)))
+        row = next((i for i, (a, b) in enumerate(zip(rows, states, strict=False)) if a != b), min(len(rows),
+                                                                                                  len(states)))
         expect_equal(f"condense: self.requests at row {row}", inputs, rows, states,
                      f"row {row}: req_ids says {rows[row] if row < len(rows) else 'nothing'!r} but requests holds "
                      f"{states[row] if row < len(states) else 'nothing'!r}: move both lists together (and drop "
@@ -1016,12 +1020,15 @@ def check_condense(condense: Callable, seeds: Iterable[int] = range(30)) -> None
 
 
 PHASE = Phase("09_logits_processors", (
-    Exercise("apply_all_penalties", check_apply_all_penalties, points=4, grade_id="test-penalties", part="apply_all_penalties"),
-    Exercise("process_dict_updates", check_process_dict_updates, points=3, grade_id="test-dict-updates", part="process_dict_updates"),
+    Exercise("apply_all_penalties", check_apply_all_penalties, points=4, grade_id="test-penalties",
+             part="apply_all_penalties"),
+    Exercise("process_dict_updates", check_process_dict_updates, points=3, grade_id="test-dict-updates",
+             part="process_dict_updates"),
     Exercise("MinPLogitsProcessor", check_min_p_processor, points=3, grade_id="test-min-p", part="MinPLogitsProcessor"),
     Exercise("LogitBiasLogitsProcessor", check_logit_bias_processor, points=3, grade_id="test-logit-bias",
              part="LogitBiasLogitsProcessor"),
-    Exercise("MinTokensLogitsProcessor", check_min_tokens_processor, points=4, grade_id="test-min-tokens", part="MinTokensLogitsProcessor"),
+    Exercise("MinTokensLogitsProcessor", check_min_tokens_processor, points=4, grade_id="test-min-tokens",
+             part="MinTokensLogitsProcessor"),
     Exercise("condense", check_condense, points=3, grade_id="test-condense", part="condense",
              design="how to condense the persistent batch: which row fills which hole, from the invariants (dense "
                     "rows, requests inside the new size stay put, one recorded one-way move per hole)"),

@@ -3,9 +3,9 @@
     check_hash_block_tokens(hash_block_tokens)           vs mini.core.kv_cache_utils.hash_block_tokens
     check_hash_request_tokens(hash_request_tokens)       vs mini.core.kv_cache_utils.hash_request_tokens
     check_cache_full_blocks(cache_full_blocks)           vs mini.core.block_pool.BlockPool.cache_full_blocks
-    check_get_computed_blocks(get_computed_blocks)       vs mini.core.kv_cache_manager.KVCacheManager.get_computed_blocks
-    check_touch(touch)                                   vs mini.core.block_pool.BlockPool.touch
-    check_maybe_evict_cached_block(_maybe_evict_cached_block)
+    check_get_computed_blocks(get_computed_blocks)       vs
+    mini.core.kv_cache_manager.KVCacheManager.get_computed_blocks check_touch(touch)
+    vs mini.core.block_pool.BlockPool.touch check_maybe_evict_cached_block(_maybe_evict_cached_block)
                                                          vs mini.core.block_pool.BlockPool._maybe_evict_cached_block
 
 The three mechanism checks (publish, look up, evict) run a real reference `KVCacheManager` and one built with
@@ -22,6 +22,7 @@ counterpart of mini's `hash_request_tokens`) pass these checks, adapted only in 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import types
 from collections.abc import Callable, Iterable
@@ -47,10 +48,8 @@ def _salted_sha256(input_object: Any) -> bytes:
 
 def _hash_functions() -> dict[str, Callable[[Any], bytes]]:
     functions = {"sha256": sha256, "another hash function": _salted_sha256}
-    try:  # vLLM's sha256_cbor, when cbor2 is installed
+    with contextlib.suppress(ValueError):  # vLLM's sha256_cbor, when cbor2 is installed
         functions["sha256_cbor"] = kv_cache_utils.get_hash_function("sha256_cbor")
-    except ValueError:
-        pass
     return functions
 
 
@@ -63,9 +62,12 @@ def _hash_cases(rng: random.Random, num_cases: int) -> list[dict[str, Any]]:
     parent = sha256("some parent block")
     salt = (("cache_salt", "tenant-a"),)
     cases = [
-        {"hash_function": "sha256", "parent_block_hash": None, "curr_block_token_ids": [1, 2, 3, 4], "extra_keys": None},
-        {"hash_function": "sha256", "parent_block_hash": parent, "curr_block_token_ids": [1, 2, 3, 4], "extra_keys": None},
-        {"hash_function": "sha256", "parent_block_hash": None, "curr_block_token_ids": [1, 2, 3, 4], "extra_keys": salt},
+        {"hash_function": "sha256", "parent_block_hash": None, "curr_block_token_ids": [1, 2, 3, 4],
+         "extra_keys": None},
+        {"hash_function": "sha256", "parent_block_hash": parent, "curr_block_token_ids": [1, 2, 3, 4],
+         "extra_keys": None},
+        {"hash_function": "sha256", "parent_block_hash": None, "curr_block_token_ids": [1, 2, 3, 4],
+         "extra_keys": salt},
         {"hash_function": "another hash function", "parent_block_hash": None, "curr_block_token_ids": (5, 6),
          "extra_keys": None},
     ]
@@ -415,7 +417,8 @@ def _ops_so_far(log: list[str]) -> str:
     return "\n".join(f"    {line}" for line in shown)
 
 
-_HASH_LEGEND = "  (hash names: A[1] is the chained hash of request A's block 1, shared by all requests with that prefix)"
+_HASH_LEGEND = ("  (hash names: A[1] is the chained hash of request A's block 1, shared by all requests with that "
+                "prefix)")
 
 
 def _diverged(name: str, step: int, log: list[str], field_name: str, detail: str, hint: str) -> AssertionError:
@@ -608,7 +611,8 @@ def _lookup_cases(seeds: Iterable[int]) -> list[dict[str, Any]]:
          "prompt_logprobs": False},
         {"block_size": 4, "prompt": list(range(1, 18)), "generated": [], "cached": [0, 1, 2, 3],
          "prompt_logprobs": False},
-        {"block_size": 16, "prompt": list(range(1, 56)), "generated": [], "cached": [0, 1, 2], "prompt_logprobs": False},
+        {"block_size": 16, "prompt": list(range(1, 56)), "generated": [], "cached": [0, 1, 2],
+         "prompt_logprobs": False},
         {"block_size": 4, "prompt": list(range(1, 18)), "generated": [], "cached": [0, 1, 2, 3],
          "prompt_logprobs": True},
         {"block_size": 4, "prompt": [1, 2, 3], "generated": [], "cached": [], "prompt_logprobs": False},

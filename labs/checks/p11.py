@@ -124,7 +124,8 @@ def check_epsilon_closure(candidate: Callable, seeds: Iterable[int] = range(10))
         cases.append((pattern, nfa, starts))
     for pattern, nfa, starts in cases:
         for states in starts:
-            inputs = {"regex": pattern, "states": states, "epsilon edges": {s: t for s, t in enumerate(nfa.epsilon) if t}}
+            inputs = {"regex": pattern, "states": states,
+                      "epsilon edges": {s: t for s, t in enumerate(nfa.epsilon) if t}}
             expected = reference(nfa, list(states))
             guarded, epsilon = _guarded_nfa(nfa)
             argument = list(states)
@@ -346,7 +347,7 @@ def _allowed_hint(dfa: DFA, state: int, vocab: list[bytes | None], eos_token_id:
             return f"{token!r} is not a token id of this vocabulary: the ids are the trie's (self.trie.token_ids)"
         data = vocab[token] or b""
         position, walk_state = 0, state
-        for position, byte in enumerate(data):
+        for position, byte in enumerate(data):  # noqa: B007 - `position` is read after the loop
             walk_state = dfa.transitions[walk_state][byte]
             if walk_state == DEAD:
                 break
@@ -487,7 +488,8 @@ def check_pack_allowed(candidate: Callable, seeds: Iterable[int] = range(20)) ->
             got = np.asarray(returned)
         except Exception:  # noqa: BLE001 - a learner's odd return value: shown, not raised
             got = np.asarray(repr(returned))
-        expect_equal("pack_allowed(...) dtype and shape", inputs, ("int32", expected.shape), (str(got.dtype), got.shape),
+        expect_equal("pack_allowed(...) dtype and shape", inputs, ("int32", expected.shape),
+                     (str(got.dtype), got.shape),
                      "one int32 word per 32 tokens: ceil(vocab_size / 32) words (no spare word when vocab_size "
                      "is a multiple of 32), as a numpy int32 array")
         wrong_tokens = [t for t in range(vocab_size) if _bit(expected, t) != _bit(got, t)]

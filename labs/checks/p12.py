@@ -412,7 +412,7 @@ def _slice_row(case: dict[str, Any], row: int) -> dict[str, Any]:
 
 def _chi_square(counts: list[int], probs: list[float]) -> float:
     total = sum(counts)
-    return sum((c - total * q) ** 2 / (total * q) for c, q in zip(counts, probs) if q > 0)
+    return sum((c - total * q) ** 2 / (total * q) for c, q in zip(counts, probs, strict=False) if q > 0)
 
 
 def _expect_distribution(what: str, inputs: dict[str, Any], tokens: list[int], probs: list[float], hint: str) -> None:
@@ -423,7 +423,7 @@ def _expect_distribution(what: str, inputs: dict[str, Any], tokens: list[int], p
         if 0 <= token < len(probs):
             counts[token] += 1
     statistic = _chi_square(counts, probs)
-    impossible = sum(count for count, q in zip(counts, probs) if q == 0) + len(outside)
+    impossible = sum(count for count, q in zip(counts, probs, strict=False) if q == 0) + len(outside)
     ok = statistic < CHI_SQUARE_BOUND and impossible == 0
     expect_equal(what, inputs,
                  f"counts close to {[round(len(tokens) * q) for q in probs]} (chi-square < {CHI_SQUARE_BOUND:.0f}, "
@@ -475,12 +475,12 @@ def _check_distributions(rejection_sample: Callable) -> int:
             f"rejection_sample: the first token out, {label}", inputs, [row[0] for row in rows], DIST_P[0],
             "the first token out must be distributed as p whatever q is: accept the draft with probability "
             "min(1, p/q), else sample max(0, p - q) normalised (with q one-hot when draft_probs is None)")
-        second = [row[1] for row, draft in zip(rows, drafts) if row[0] == draft[0]]
+        second = [row[1] for row, draft in zip(rows, drafts, strict=False) if row[0] == draft[0]]
         _expect_distribution(
             f"rejection_sample: the second token out where draft 1 was accepted, {label}", inputs, second,
             DIST_P[1], "after an accepted draft, the next position is judged against its own p and q, the same way")
         bonus = case["bonus_token_ids"].tolist()
-        wrong_bonus = [index for index, (row, draft) in enumerate(zip(rows, drafts))
+        wrong_bonus = [index for index, (row, draft) in enumerate(zip(rows, drafts, strict=False))
                        if row[:2] == draft and row[2] != bonus[index]]
         expect_equal(f"rejection_sample: rows with both drafts accepted, {label}", inputs, "the bonus token third",
                      f"{len(wrong_bonus)} rows without it (first: row {wrong_bonus[:1]})",
@@ -602,7 +602,7 @@ def _int_list(value: Any) -> list[int] | None:
 
 
 def _first_difference(expected: list, got: list) -> int:
-    for index, (want, have) in enumerate(zip(expected, got)):
+    for index, (want, have) in enumerate(zip(expected, got, strict=False)):
         if want != have:
             return index
     return min(len(expected), len(got))
@@ -631,14 +631,14 @@ def check_prepare_eagle_inputs(prepare_eagle_inputs: Callable, seeds: Iterable[i
     for case in cases:
         expected = [_as_list(value) for value in _eagle_call(reference, case)]
         inputs = dict(case)
-        with calling("prepare_eagle_inputs", inputs, expected=dict(zip(EAGLE_OUTPUTS, expected)),
+        with calling("prepare_eagle_inputs", inputs, expected=dict(zip(EAGLE_OUTPUTS, expected, strict=False)),
                      hint=EAGLE_SHIFT_HINT):
             got = _eagle_call(prepare_eagle_inputs, case)
         if not isinstance(got, (tuple, list)) or len(got) != 4:
             expect_equal("prepare_eagle_inputs(...)", inputs, "a tuple of 4 int64 tensors (input_ids, positions, "
                          "hidden_indices, last_indices)", type(got).__name__, EAGLE_SHIFT_HINT)
         got_lists = [_int_list(value) for value in got]
-        for name, values, value in zip(EAGLE_OUTPUTS, got_lists, got):
+        for name, values, value in zip(EAGLE_OUTPUTS, got_lists, got, strict=False):
             if values is None:
                 expect_equal(f"prepare_eagle_inputs(...): {name}", inputs, "a 1-D int64 tensor",
                              f"{type(value).__name__} {getattr(value, 'shape', '')}".strip(), EAGLE_SHIFT_HINT)
@@ -703,7 +703,7 @@ def _chained_draft_slots(case: dict[str, Any]) -> tuple[list[list[int]], list[li
     slot) the next ones restart at 1, 2, ... with real slots. Written here from the kernel's description."""
     block_size, max_model_len = case["block_size"], case["max_model_len"]
     positions, slots = [], []
-    for last, row in zip(case["last_positions"], case["block_table"]):
+    for last, row in zip(case["last_positions"], case["block_table"], strict=False):
         position, row_positions, row_slots = last, [], []
         for _ in range(case["num_steps"]):
             position += 1
@@ -739,7 +739,7 @@ def _as_int_table(value: Any, shape: list[int]) -> list[list[int]] | None:
 
 def _reach(want: list[list[list[int]]], tables: list[list[list[int]]]) -> tuple[int, int, int]:
     """How far `tables` (positions, slots) follow `want`: the first wrong entry, row-major, positions first."""
-    for index, (want_table, have_table) in enumerate(zip(want, tables)):
+    for index, (want_table, have_table) in enumerate(zip(want, tables, strict=False)):
         wrong = _first_wrong_entry(want_table, have_table)
         if wrong is not None:
             return (wrong[0], wrong[1], -index)
@@ -763,7 +763,7 @@ def check_compute_draft_slots(compute_draft_slots: Callable, seeds: Iterable[int
                          "[B, num_steps] tensors", type(got).__name__, DRAFT_SHAPE_HINT)
         shape = [len(case["last_positions"]), case["num_steps"]]
         tables = []
-        for name, value in zip(("positions", "slot_mapping"), got):
+        for name, value in zip(("positions", "slot_mapping"), got, strict=False):
             table = _as_int_table(value, shape)
             if table is None:
                 try:
@@ -778,7 +778,7 @@ def check_compute_draft_slots(compute_draft_slots: Callable, seeds: Iterable[int
         # Neither rule: report against the one the answer follows further (the later first wrong entry; on a
         # tie, mini's rule).
         rule = max(rules, key=lambda name: _reach(rules[name], tables))
-        for name, want, have in zip(("positions", "slot_mapping"), rules[rule], tables):
+        for name, want, have in zip(("positions", "slot_mapping"), rules[rule], tables, strict=False):
             wrong = _first_wrong_entry(want, have)
             if wrong is None:
                 continue
@@ -804,7 +804,7 @@ def check_compute_draft_slots(compute_draft_slots: Callable, seeds: Iterable[int
 def expect_same_outputs(label: str, prompts: list, expected: list[list[int]], got: list[list[int]]) -> None:
     """The plug's verdict: the first request and token where the learner's engine differs from the reference."""
     __tracebackhide__ = True
-    for request, (want, have) in enumerate(zip(expected, got)):
+    for request, (want, have) in enumerate(zip(expected, got, strict=False)):
         if want != have:
             index = _first_difference(want, have)
             raise AssertionError(
@@ -840,7 +840,8 @@ PHASE = Phase("12_spec_decode", (
     Exercise("compute_residual_probs", check_compute_residual_probs, points=2, grade_id="test-residual-probs",
              part="compute_residual_probs",
              design="the recovered token's distribution after a rejection, derived from the requirement that every "
-                    "emitted token follows p whatever q was (the notebook gives the acceptance rule, not the residual)"),
+                    "emitted token follows p whatever q was (the notebook gives the acceptance rule, not the "
+                    "residual)"),
     Exercise("rejection_sample", check_rejection_sample, points=5, grade_id="test-rejection-sample",
              part="rejection_sample"),
     Exercise("prepare_eagle_inputs", check_prepare_eagle_inputs, points=5, grade_id="test-prepare-eagle-inputs",

@@ -438,7 +438,8 @@ class _StreamRun:
     errors: dict[str, str]
 
 
-async def _stream_scenario(generate: Callable, plans: list[_Plan], seed: int, victim: str, mode: str,
+# Complex by design: a scripted scenario.
+async def _stream_scenario(generate: Callable, plans: list[_Plan], seed: int, victim: str, mode: str,  # noqa: C901
                            after: int) -> _StreamRun:
     from mini.engine.output_processor import OutputProcessor
 

@@ -68,8 +68,8 @@ FIRST_DIVERGENCE_RULE = ("None when every prompt's tokens are equal; else (promp
 def _differences(expected_tokens: list[list[int]], got_tokens: list[list[int]]) -> list[tuple[int, int]]:
     """Every (prompt, position) where the two runs differ: each differing token, and where a shorter one ends."""
     found = []
-    for index, (want, have) in enumerate(zip(expected_tokens, got_tokens)):
-        found += [(index, position) for position, (a, b) in enumerate(zip(want, have)) if a != b]
+    for index, (want, have) in enumerate(zip(expected_tokens, got_tokens, strict=False)):
+        found += [(index, position) for position, (a, b) in enumerate(zip(want, have, strict=False)) if a != b]
         if len(want) != len(have):
             found.append((index, min(len(want), len(have))))
     return found

@@ -1,9 +1,11 @@
 """Checks for phase 15 (the engine across processes), against mini's tensor-parallel layers and engine core.
 
     check_row_parallel_linear(RowParallelLinear)            vs mini.model.parallel_linear.RowParallelLinear.forward
-    check_vocab_parallel_embedding(VocabParallelEmbedding)  vs mini.model.vocab_parallel_embedding.VocabParallelEmbedding.forward
-    check_qkv_weight_loader(QKVParallelLinear)              vs mini.model.parallel_linear.QKVParallelLinear.weight_loader
-    check_busy_loop(EngineCoreProc)                         vs mini.engine.core_proc.EngineCoreProc._process_input_queue
+    check_vocab_parallel_embedding(VocabParallelEmbedding)  vs
+    mini.model.vocab_parallel_embedding.VocabParallelEmbedding.forward
+    check_qkv_weight_loader(QKVParallelLinear)              vs
+    mini.model.parallel_linear.QKVParallelLinear.weight_loader check_busy_loop(EngineCoreProc)
+    vs mini.engine.core_proc.EngineCoreProc._process_input_queue
                                                                and ._process_engine_step
     check_get_core_engine_for_request(get_core_engine_for_request)
                                                             vs mini.engine.dp_routing.get_core_engine_for_request
@@ -263,7 +265,8 @@ def check_vocab_parallel_embedding(candidate: type, seeds: Iterable[int] = range
                                      f"(input_ids - start makes one; masked_fill_ on input_ids does not)")
         mismatch = _counts_line(expected_calls, got_calls)
         if mismatch:
-            raise AssertionError(f"VocabParallelEmbedding.forward: {mismatch}\n  inputs: {inputs}\n  hint: {EMBED_HINT}")
+            raise AssertionError(f"VocabParallelEmbedding.forward: {mismatch}\n  inputs: {inputs}\n"
+                                 f"  hint: {EMBED_HINT}")
     passed("check_vocab_parallel_embedding", len(cases))
 
 
@@ -568,7 +571,8 @@ def _describe_arrivals(now: list[Any], later: list[Any]) -> str:
     return "; ".join(parts) or "nothing arrives"
 
 
-def _run_busy_loop(cls: type, tag: str, script_name: str = "the fixed script", seed: int | None = None
+# Complex by design: the busy loop's cases.
+def _run_busy_loop(cls: type, tag: str, script_name: str = "the fixed script", seed: int | None = None  # noqa: C901
                    ) -> tuple[list[Any], list[str], tuple[int, str] | None]:
     """(one record per iteration, what arrived before each, the first broken rule as (iteration, message))."""
     core = _busy_loop_core()

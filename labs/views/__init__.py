@@ -67,47 +67,6 @@ from labs.views.batch_layout import (
     plot_batch_layout,
     render_batch_layout_html,
 )
-from labs.views.block_table import (
-    BlockTableView,
-    block_table_text,
-    block_table_view,
-    block_table_widget,
-    plot_block_table,
-    render_block_table_html,
-    render_block_table_text,
-)
-from labs.views.kernel_access import (
-    KernelAccess,
-    kernel_access_widget,
-    plot_kernel_access,
-    record_paged_decode,
-    replay_paged_decode,
-)
-from labs.views.recording import EngineRecording, KVSnapshot, record_run, snapshot_engine, traced_step
-
-__all__ = [
-    "AttentionMaskView", "BatchLayout", "BlockTableView", "EngineRecording", "KVSnapshot",
-    "attention_mask_from_batch", "attention_mask_view", "batch_layout", "batch_layout_from_inputs",
-    "batch_layout_widget", "block_table_view", "block_table_widget", "plot_attention_mask",
-    "plot_batch_layout", "plot_block_table", "record_run", "render_batch_layout_html",
-    "render_block_table_html", "snapshot_engine", "traced_step",
-]
-from labs.views.text_view import TextView, stack_views
-
-__all__ += ["TextView", "block_table_text", "render_block_table_text", "stack_views"]
-__all__ += ["KernelAccess", "kernel_access_widget", "plot_kernel_access", "record_paged_decode",
-            "replay_paged_decode"]
-from labs.views.sampling_plots import (
-    PipelineStage,
-    chi_square,
-    plot_frequencies,
-    plot_sampling_pipeline,
-    sampled_frequencies,
-    sampling_pipeline_stages,
-)
-
-__all__ += ["PipelineStage", "chi_square", "plot_frequencies", "plot_sampling_pipeline", "sampled_frequencies",
-            "sampling_pipeline_stages"]
 from labs.views.batch_rows import (
     BatchRowsRecording,
     BatchRowsStep,
@@ -119,9 +78,32 @@ from labs.views.batch_rows import (
     render_batch_rows_html,
     replay_batch_update,
 )
-
-__all__ += ["BatchRowsRecording", "BatchRowsStep", "batch_rows_widget", "plot_batch_rows", "record_batch_updates",
-            "record_input_batch", "recording_from_updates", "render_batch_rows_html", "replay_batch_update"]
+from labs.views.block_table import (
+    BlockTableView,
+    block_table_text,
+    block_table_view,
+    block_table_widget,
+    plot_block_table,
+    render_block_table_html,
+    render_block_table_text,
+)
+from labs.views.detokenizer_stream import DetokStep, detokenizer_stream, render_detokenizer_html
+from labs.views.kernel_access import (
+    KernelAccess,
+    kernel_access_widget,
+    plot_kernel_access,
+    record_paged_decode,
+    replay_paged_decode,
+)
+from labs.views.recording import EngineRecording, KVSnapshot, record_run, snapshot_engine, traced_step
+from labs.views.sampling_plots import (
+    PipelineStage,
+    chi_square,
+    plot_frequencies,
+    plot_sampling_pipeline,
+    sampled_frequencies,
+    sampling_pipeline_stages,
+)
 from labs.views.scheduler_timeline import (
     SchedulerTimeline,
     TimelineStep,
@@ -131,9 +113,22 @@ from labs.views.scheduler_timeline import (
     render_timeline_html,
     scheduler_timeline_widget,
 )
+from labs.views.text_view import TextView, stack_views
 
+__all__ = [
+    "AttentionMaskView", "BatchLayout", "BlockTableView", "EngineRecording", "KVSnapshot",
+    "attention_mask_from_batch", "attention_mask_view", "batch_layout", "batch_layout_from_inputs",
+    "batch_layout_widget", "block_table_view", "block_table_widget", "plot_attention_mask",
+    "plot_batch_layout", "plot_block_table", "record_run", "render_batch_layout_html",
+    "render_block_table_html", "snapshot_engine", "traced_step",
+]
+__all__ += ["TextView", "block_table_text", "render_block_table_text", "stack_views"]
+__all__ += ["KernelAccess", "kernel_access_widget", "plot_kernel_access", "record_paged_decode",
+            "replay_paged_decode"]
+__all__ += ["PipelineStage", "chi_square", "plot_frequencies", "plot_sampling_pipeline", "sampled_frequencies",
+            "sampling_pipeline_stages"]
+__all__ += ["BatchRowsRecording", "BatchRowsStep", "batch_rows_widget", "plot_batch_rows", "record_batch_updates",
+            "record_input_batch", "recording_from_updates", "render_batch_rows_html", "replay_batch_update"]
 __all__ += ["SchedulerTimeline", "TimelineStep", "plot_batching_comparison", "plot_scheduler_timeline",
             "record_timeline", "render_timeline_html", "scheduler_timeline_widget"]
-from labs.views.detokenizer_stream import DetokStep, detokenizer_stream, render_detokenizer_html
-
 __all__ += ["DetokStep", "detokenizer_stream", "render_detokenizer_html"]

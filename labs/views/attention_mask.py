@@ -80,7 +80,7 @@ def attention_mask_view(
     names = list(req_ids) if req_ids is not None else [f"r{i}" for i in range(len(seq_lens))]
     colors = request_colors(names)
     rows = []
-    for req, (req_id, seq_len) in enumerate(zip(names, seq_lens)):
+    for req, (req_id, seq_len) in enumerate(zip(names, seq_lens, strict=False)):
         start, end = query_start_loc[req], query_start_loc[req + 1]
         slots = [table[req][pos // block_size] * block_size + pos % block_size for pos in range(seq_len)]
         for row in range(start, end):

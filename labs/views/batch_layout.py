@@ -120,7 +120,7 @@ def render_batch_layout_html(layout: BatchLayout) -> str:
     def row(label: str, values: list[Any]) -> str:
         cells = "".join(
             f'<td style="background:{c.color};color:white;padding:2px 5px;text-align:center">{v}</td>'
-            for c, v in zip(layout.columns, values)
+            for c, v in zip(layout.columns, values, strict=False)
         )
         return f"<tr><th style='text-align:right;padding-right:6px'>{label}</th>{cells}</tr>"
 
@@ -203,7 +203,7 @@ def batch_layout_widget(recording: EngineRecording) -> Any:
     if not steps:
         raise ValueError("the recording has no batch inputs: record it with labs.views.record_run")
     layouts = [batch_layout_from_inputs(s.batch, s.block_size, recording.request_ids) for s in steps]
-    by_step = {s.step: layout for s, layout in zip(steps, layouts)}
+    by_step = {s.step: layout for s, layout in zip(steps, layouts, strict=False)}
 
     def page(step: int) -> str:
         layout = by_step.get(step)

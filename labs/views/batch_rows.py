@@ -115,7 +115,7 @@ def replay_batch_update(
     stages.append((f"removes {removed}" if removed else "no removes", list(current)))
 
     added = []
-    for (row, *_), req_id in zip(update.added, added_ids):
+    for (row, *_), req_id in zip(update.added, added_ids, strict=False):
         grow(row + 1)
         occupied = row < len(before) and before[row] is not None and row not in removed
         current[row] = req_id
@@ -200,7 +200,7 @@ def record_batch_updates(
     steps: list[BatchRowsStep] = []
     rows: Rows = [state.req_id for state in input_batch.occupied_requests()]
     for step in range(max_steps):
-        for (arrival, prompt, params), req_id in zip(arrivals, request_ids):
+        for (arrival, prompt, params), req_id in zip(arrivals, request_ids, strict=False):
             if arrival == step:
                 engine.add_request(req_id, prompt, params)
         if not engine.has_unfinished_requests():

@@ -54,7 +54,7 @@ def _byte_of_char() -> dict[str, int]:
             printable.append(byte)
             codes.append(256 + num_extra)
             num_extra += 1
-    return {chr(code): byte for byte, code in zip(printable, codes)}
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=False)}
 
 
 _BYTE_OF_CHAR = _byte_of_char()

@@ -103,7 +103,7 @@ def _show_byte(byte: int) -> str:
 
 def _ranges(values: list[int]) -> str:
     ranges, start = [], values[0]
-    for prev, cur in zip(values, [*values[1:], None]):
+    for prev, cur in zip(values, [*values[1:], None], strict=False):
         if cur is None or cur != prev + 1:
             ranges.append(_show_byte(start) if start == prev else f"{_show_byte(start)}-{_show_byte(prev)}")
             start = cur
@@ -238,7 +238,8 @@ def allowed_groups(compiled: CompiledGrammar, step: FsmStep) -> list[AllowedGrou
         data = compiled.index.trie_bytes(token)
         target = None if token == compiled.index.eos_token_id or data is None else compiled.dfa.walk(data, step.state)
         groups.setdefault(target, []).append(token)
-    return sorted((AllowedGroup(k, v) for k, v in groups.items()), key=lambda g: (-len(g.token_ids), g.next_state or -1))
+    return sorted((AllowedGroup(k, v) for k, v in groups.items()), key=lambda g: (-len(g.token_ids),
+                                                                                  g.next_state or -1))
 
 
 @dataclass(slots=True)
@@ -391,7 +392,8 @@ def _probs_html(report: FsmReport, tokenizer, compiled: CompiledGrammar | None =
     if d is None:
         return "<div><i>no model given: “sample next token” draws uniformly among the allowed tokens</i></div>"
     def bar(p: float, color: str) -> str:
-        return f"<span style='display:inline-block;height:9px;width:{max(1, round(120 * p))}px;background:{color}'></span>"
+        return (f"<span style='display:inline-block;height:9px;width:{max(1, round(120 * p))}px;"
+                f"background:{color}'></span>")
     masked = "<b style='color:#c62828'>masked</b>"
     before = "".join(
         f"<tr><td>{html.escape(_token_repr(tokenizer, t, compiled))}</td><td>{p:.3f}</td><td>{bar(p, '#999')}</td>"
@@ -418,13 +420,15 @@ def render_fsm_html(report: FsmReport, compiled: CompiledGrammar, tokenizer, lim
         for values, target in live_transitions(compiled, step.state)) or "<tr><td colspan=2>(none)</td></tr>"
     groups = "".join(
         f"<li><b>{html.escape(_group_name(g, compiled))}</b>: {len(g.token_ids)} tokens: "
-        f"<span style='font-family:monospace'>{html.escape(_texts(tokenizer, g.token_ids, limit, compiled))}</span></li>"
+        f"<span style='font-family:monospace'>{html.escape(_texts(tokenizer, g.token_ids, limit, compiled))}"
+        f"</span></li>"
         for g in report.groups) or "<li>(none)</li>"
     w = report.word
     draw = ""
     if report.last_draw is not None:
         token, how = report.last_draw
-        draw = f"<div>last sample: <b>{html.escape(_token_repr(tokenizer, token, compiled))}</b> ({html.escape(how)})</div>"
+        draw = (f"<div>last sample: <b>{html.escape(_token_repr(tokenizer, token, compiled))}</b> "
+                f"({html.escape(how)})</div>")
     return (
         f"<div class='fsm-report' style='font:12px sans-serif'><div>{head}</div>"
         f"<div style='display:flex;gap:24px'><div><b>live transitions</b><table class='fsm-table' "
@@ -549,8 +553,8 @@ def fsm_mask_widget(compiled: CompiledGrammar, tokenizer, seed: int = 0,
     """Type a prefix or sample tokens one by one; the state, its transitions, the mask and the model follow.
 
     `next_logits(output_token_ids)` -> the model's logits (or log-probabilities) for the next token, e.g.
-    the shipped model's logits after a prompt, captured by the notebook; "sample next token" draws from their masked softmax (None:
-    uniformly among the allowed tokens). `prefix`: the output text it starts from (typed in its box)."""
+    the shipped model's logits after a prompt, captured by the notebook; "sample next token" draws from their masked
+    softmax (None: uniformly among the allowed tokens). `prefix`: the output text it starts from (typed in its box)."""
     rng = np.random.default_rng(seed)
     tokens: list[int] = tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
     last: dict[str, Any] = {"draw": None}

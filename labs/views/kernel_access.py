@@ -81,7 +81,7 @@ class ProgramAccess:
 
     def slots(self, block_size: int) -> list[int]:
         """Every slot it read, in reading order (slot = block * block_size + offset)."""
-        return [b * block_size + o for t in self.tiles for b, o in zip(t.block_ids, t.offsets)]
+        return [b * block_size + o for t in self.tiles for b, o in zip(t.block_ids, t.offsets, strict=False)]
 
     def blocks(self) -> list[int]:
         """The distinct physical blocks it read, in first-read order."""
@@ -267,7 +267,7 @@ def record_paged_decode(
                 raise AssertionError(f"program {program.request, program.kv_head} read another KV head")
             block_ids = [block for _, block, _, _ in reads]
             offsets = [offset for _, _, offset, _ in reads]
-            positions = [table.index(b) * info["block_size"] + o for b, o in zip(block_ids, offsets)]
+            positions = [table.index(b) * info["block_size"] + o for b, o in zip(block_ids, offsets, strict=False)]
             program.tiles.append(TileAccess(tile, positions, block_ids, offsets))
     return output, KernelAccess("interpreter", tile_n=max(lanes, default=0), programs=programs, **info)
 
@@ -278,7 +278,7 @@ def record_paged_decode(
 def _slot_owner(access: KernelAccess) -> dict[int, int]:
     """slot -> request that owns it (from the block tables, up to each seq_len)."""
     owner = {}
-    for request, (table, seq_len) in enumerate(zip(access.block_tables, access.seq_lens)):
+    for request, (table, seq_len) in enumerate(zip(access.block_tables, access.seq_lens, strict=False)):
         for position in range(seq_len):
             owner[table[position // access.block_size] * access.block_size + position % access.block_size] = request
     return owner
@@ -295,7 +295,7 @@ def render_kernel_access_html(access: KernelAccess, step: int | None = None) -> 
         program_index, tile = steps[step]
         program = access.programs[program_index]
         read = program.tiles[tile]
-        highlight = {b * access.block_size + o for b, o in zip(read.block_ids, read.offsets)}
+        highlight = {b * access.block_size + o for b, o in zip(read.block_ids, read.offsets, strict=False)}
         title = (f"step {step}: program (request {program.request}, KV head {program.kv_head}) "
                  f"for query heads {program.query_heads}, tile {tile}: positions {read.positions[0]}.."
                  f"{read.positions[-1]} in blocks {list(dict.fromkeys(read.block_ids))}")
@@ -332,7 +332,7 @@ def plot_kernel_access(access: KernelAccess, ax: Any = None) -> Any:
         base = to_rgba(colors[f"r{program.request}"])
         for tile in program.tiles:
             shade = 1.0 - 0.55 * tile.tile / max(1, max_tiles - 1) if max_tiles > 1 else 1.0
-            for lane, (block, offset) in enumerate(zip(tile.block_ids, tile.offsets)):
+            for lane, (block, offset) in enumerate(zip(tile.block_ids, tile.offsets, strict=False)):
                 slot = block * access.block_size + offset
                 ax.add_patch(plt.Rectangle((slot, row), 1, 0.85, facecolor=(*base[:3], shade), edgecolor="white",
                                             linewidth=0.5))

@@ -2,9 +2,9 @@
 
 `record_prefix_cache(llm, prompts, params)` sends the prompts to a real engine one after the other (each
 finishes before the next arrives, as turns of a chat service do) and, after every `step()`, keeps what
-the step's `PoolSnapshot` says about the cache (a step observer takes it: `traced_step`, recording.py): each request's chain of full-block hashes and
-its block table, every block's hash and ref count, the free queue (the eviction order), the blocks a hit
-can resolve to, the hit counters. It reads nothing else (see labs/views/__init__.py).
+the step's `PoolSnapshot` says about the cache (a step observer takes it: `traced_step`, recording.py): each request's
+chain of full-block hashes and its block table, every block's hash and ref count, the free queue (the eviction order),
+the blocks a hit can resolve to, the hit counters. It reads nothing else (see labs/views/__init__.py).
 
 `prefix_cache_widget(recording)` draws the chains side by side, one row per request, with a step slider:
 a cell is a full block (short hash + block id); blocks shared by several requests and blocks that were
@@ -85,7 +85,7 @@ def _snapshot(pool: Any, counters: Any, scheduler_output: Any, step: int, chains
         for new in scheduler_output.scheduled_new_reqs:
             events.append(f"{new.req_id} admitted: {new.num_computed_tokens} tokens were prefix hits")
     if previous is not None:
-        for block_id, (old, new) in enumerate(zip(previous.block_hashes, pool.block_hashes)):
+        for block_id, (old, new) in enumerate(zip(previous.block_hashes, pool.block_hashes, strict=False)):
             if old is not None and new != old:
                 events.append(f"block {block_id} evicted (hash {short_hash(old)} dropped)")
         for req_id in previous.block_tables:

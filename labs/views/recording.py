@@ -174,7 +174,7 @@ def record_run(
     """
     engine = llm.llm_engine
     request_ids = [f"r{index}" for index in range(len(prompts))]
-    for req_id, prompt in zip(request_ids, prompts):
+    for req_id, prompt in zip(request_ids, prompts, strict=False):
         engine.add_request(req_id, prompt, params)
     output_token_ids: dict[str, list[int]] = {}
     snapshots = [snapshot_engine(engine, 0)]

@@ -193,7 +193,7 @@ def plot_sampling_pipeline(
     if axes is None:
         _, axes = plt.subplots(1, len(stages), figsize=(2.9 * len(stages), 2.8), sharey=True)
     axes = list(axes) if hasattr(axes, "__iter__") else [axes]
-    for ax, stage in zip(axes, stages):
+    for ax, stage in zip(axes, stages, strict=False):
         heights = [stage.probs[t] for t in tokens]
         masked = [stage.logits[t] == float("-inf") for t in tokens]
         ax.bar(range(len(tokens)), heights, color=["#bab0ac" if m else "#4e79a7" for m in masked])

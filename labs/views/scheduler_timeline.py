@@ -91,7 +91,7 @@ class SchedulerTimeline:
         """Per step: idle batch slots while a request was waiting for one (in the engine or the driver)."""
         return [
             min(idle, len(step.waiting) + len(step.not_submitted))
-            for idle, step in zip(self.idle_slots(), self.steps)
+            for idle, step in zip(self.idle_slots(), self.steps, strict=False)
         ]
 
     def finish_step(self) -> dict[str, int]:
@@ -115,7 +115,7 @@ def _computed_before(output: Any) -> dict[str, int]:
     """Request id -> tokens in its KV cache before the step (the SchedulerOutput carries the old count)."""
     before = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
     cached = output.scheduled_cached_reqs
-    before.update(zip(cached.req_ids, cached.num_computed_tokens))
+    before.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
     return before
 
 
@@ -168,7 +168,7 @@ def record_timeline(
     scheduler = engine.scheduler
     request_ids = [f"r{index}" for index in range(len(prompts))]
     params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-    pending = list(zip(request_ids, prompts, params_list))
+    pending = list(zip(request_ids, prompts, params_list, strict=False))
     batch_size = len(pending) if static_batch_size is None else static_batch_size
     timeline = SchedulerTimeline(
         label=label
@@ -375,7 +375,7 @@ def plot_batching_comparison(continuous: SchedulerTimeline, static: SchedulerTim
         gridspec_kw={"height_ratios": [num_rows, num_rows, 3]},
         sharex=True,
     )
-    for ax, timeline in zip(axes[:2], (continuous, static)):
+    for ax, timeline in zip(axes[:2], (continuous, static), strict=False):
         _draw_gantt(ax, timeline)
     for timeline in (continuous, static):
         wasted = timeline.wasted_slots()

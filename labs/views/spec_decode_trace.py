@@ -70,7 +70,9 @@ class SpecDecodeStep:
 
     def mean_acceptance_length(self) -> float:
         total = sum(self.acceptance_counts)
-        return sum((length + 1) * count for length, count in enumerate(self.acceptance_counts)) / total if total else 0.0
+        if not total:
+            return 0.0
+        return sum((length + 1) * count for length, count in enumerate(self.acceptance_counts)) / total
 
 
 @dataclass(slots=True)
@@ -151,7 +153,7 @@ def record_spec_decode(llm: Any, prompts: Sequence[Any], params: Any, max_steps:
             tokenizer = None
     delta = params.output_kind == RequestOutputKind.DELTA
     request_ids = [f"r{index}" for index in range(len(prompts))]
-    for req_id, prompt in zip(request_ids, prompts):
+    for req_id, prompt in zip(request_ids, prompts, strict=False):
         engine.add_request(req_id, prompt, params)
     produced: dict[str, list[int]] = {req_id: [] for req_id in request_ids}
     prompt_ids: dict[str, list[int]] = {}

@@ -107,9 +107,10 @@ def plan_step(metadata: AttentionMetadata, block_size: int, group_size: int, num
     query_lens = [end - start for start, end in itertools.pairwise(starts)]
     block_table = metadata.block_table.long()
     long_requests = []
-    for req, (start, query_len, seq_len) in enumerate(zip(starts, query_lens, seq_lens)):
+    for req, (start, query_len, seq_len) in enumerate(zip(starts, query_lens, seq_lens, strict=True)):
         if query_len > MAX_SHORT_QUERY_LEN:
-            mask = None if query_len == seq_len else additive(causal_mask(query_len, seq_len, block_table.device), dtype)
+            mask = (None if query_len == seq_len
+                    else additive(causal_mask(query_len, seq_len, block_table.device), dtype))
             block_ids = block_table[req, : cdiv(seq_len, block_size)]
             long_requests.append(LongRequest(start, start + query_len, block_ids, mask, seq_len))
     # Short rows by (query length, context length), cut into groups of one query length and one length

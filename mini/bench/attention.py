@@ -121,7 +121,7 @@ def make_batch(mix: list[tuple[int, int]], num_heads: int, num_kv_heads: int, he
     random.Random(seed).shuffle(block_ids)
     block_table = torch.zeros(len(mix), max(block_counts), dtype=torch.int32)
     slots = []
-    for row, (seq_len, count) in enumerate(zip(seq_lens, block_counts)):
+    for row, (seq_len, count) in enumerate(zip(seq_lens, block_counts, strict=True)):
         block_table[row, :count] = torch.tensor(block_ids[:count])
         block_ids = block_ids[count:]
         positions = torch.arange(seq_len)
@@ -130,7 +130,7 @@ def make_batch(mix: list[tuple[int, int]], num_heads: int, num_kv_heads: int, he
     for _ in range(num_layers):
         kv_cache = torch.zeros(2, sum(block_counts) + 1, block_size, num_kv_heads, head_size, dtype=dtype)
         per_request = []
-        for seq_len, request_slots in zip(seq_lens, slots):
+        for seq_len, request_slots in zip(seq_lens, slots, strict=True):
             keys_values = torch.randn(2, seq_len, num_kv_heads, head_size, generator=generator).to(dtype)
             kv_cache[:, request_slots // block_size, request_slots % block_size] = keys_values
             per_request.append(keys_values.transpose(1, 2).contiguous())
@@ -179,7 +179,7 @@ def contiguous_contenders(query: torch.Tensor, metadata, contiguous: list[list[t
     query_lens = [end - start for start, end in itertools.pairwise(starts)]
     seq_lens = metadata.seq_lens.tolist()
     masks = [None if q == s else torch.ones(q, s, dtype=torch.bool).tril(s - q)
-             for q, s in zip(query_lens, seq_lens)]
+             for q, s in zip(query_lens, seq_lens, strict=True)]
     # Padded: transformers' layout [B, Hkv, Lmax, D]; query rows padded to the longest; a mask per request.
     longest, widest = max(seq_lens), max(query_lens)
     padded_kv = []
@@ -190,7 +190,7 @@ def contiguous_contenders(query: torch.Tensor, metadata, contiguous: list[list[t
         padded_kv.append(padded)
     padded_mask = torch.zeros(len(seq_lens), widest, longest, dtype=torch.bool)
     padded_rows = []
-    for row, (q, s) in enumerate(zip(query_lens, seq_lens)):
+    for row, (q, s) in enumerate(zip(query_lens, seq_lens, strict=True)):
         padded_mask[row, :q, :s] = torch.ones(q, s, dtype=torch.bool).tril(s - q)
         padded_mask[row, q:, 0] = True  # padding query rows see one key (no NaN), and are dropped
         padded_rows += [starts[row] + i for i in range(q)] + [starts[row]] * (widest - q)
@@ -206,7 +206,7 @@ def contiguous_contenders(query: torch.Tensor, metadata, contiguous: list[list[t
         outputs = []
         for layer in contiguous:
             output = torch.empty_like(query)
-            for start, end, kv, mask in zip(starts[:-1], starts[1:], layer, masks):
+            for start, end, kv, mask in zip(starts[:-1], starts[1:], layer, masks, strict=True):
                 output[start:end] = sdpa_one_request(query[None, start:end], kv[0][None], kv[1][None],
                                                      None if mask is None else mask[None], scale)[0]
             outputs.append(output)
@@ -285,12 +285,14 @@ def run_cpu(args: argparse.Namespace) -> dict[str, float]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mini bench attention", description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=("cpu", "triton"), default=None,
-                        help="cpu: mini's CPU path (default without CUDA); triton: the Triton kernels (default with CUDA)")
+                        help="cpu: mini's CPU path (default without CUDA); "
+                             "triton: the Triton kernels (default with CUDA)")
     parser.add_argument("--num-heads", type=int, default=None, help="default 9 (cpu), 32 (triton)")
     parser.add_argument("--num-kv-heads", type=int, default=None, help="default 3 (cpu), 8 (triton)")
     parser.add_argument("--head-size", type=int, default=None, help="default 64 (cpu), 128 (triton)")
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default float32 (cpu), bfloat16 (triton)")
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+                        help="default float32 (cpu), bfloat16 (triton)")
     parser.add_argument("--mixes", default=",".join(MIXES), help=f"cpu: comma-separated, from {', '.join(MIXES)}")
     parser.add_argument("--rounds", type=int, default=15, help="cpu: alternating rounds")
     parser.add_argument("--layers", type=int, default=6, help="cpu: layers per step, each with its own cache")

@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 64), metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--smollm2-prompts", type=int, default=4, help="prompts of the TP=3 SmolLM2 comparison (0: skip it)")
+    parser.add_argument("--smollm2-prompts", type=int, default=4,
+                        help="prompts of the TP=3 SmolLM2 comparison (0: skip it)")
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--seed", type=int, default=0)

@@ -40,15 +40,14 @@ loop with `EngineDeadError` for every caller.
 
 Statistics: after each step the loop hands `(SchedulerStats, IterationStats)` to each stat logger
 (vllm/v1/metrics/loggers.py): counters only (`LLMEngine.get_scheduler_stats()`, no block table is copied;
-a teaching view that wants the pool attaches a step observer to the engine instead); `IterationStats` carries the step's token counts and the per-request
-latencies measured when outputs leave the engine (time to first token, inter-token, end-to-end).
-A FINAL_ONLY request produces one output only, so its first-token time is its end-to-end time; the
-OpenAI server streams internally with DELTA for that reason.
+a teaching view that wants the pool attaches a step observer to the engine instead); `IterationStats` carries the
+step's token counts and the per-request latencies measured when outputs leave the engine (time to first token,
+inter-token, end-to-end). A FINAL_ONLY request produces one output only, so its first-token time is its end-to-end
+time; the OpenAI server streams internally with DELTA for that reason.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import concurrent.futures
 import logging
@@ -181,7 +180,7 @@ class InprocEngineCore:
 
 
 # ---------------------------------------------------------------------------- the engine
-class AsyncLLM(abc.ABC):
+class AsyncLLM:
     """`generate()` is an async stream per request. `AsyncLLM(config)` in multiprocess mode (the default) is an
     `MPAsyncLLM` (mini/engine/async_llm_mp.py: AsyncMPClient + output-handler task, vLLM's design); in process
     (`MINI_ENABLE_V1_MULTIPROCESSING=0`, or `AsyncLLM(engine=an LLMEngine)`) an `LLMEngine` driven by a

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import time
@@ -174,10 +175,8 @@ class MPAsyncLLM:
         self._fail_all(EngineDeadError("the engine has been shut down"))
         handler, loop = self.output_handler, self._loop
         if handler is not None and not handler.done() and loop is not None and not loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(handler.cancel)
-            except RuntimeError:
-                pass
         self._input_executor.shutdown(wait=False, cancel_futures=True)
         self.engine.shutdown()
 
@@ -257,10 +256,8 @@ class MPAsyncLLM:
             self._forget(rid)
         if iteration.finished_requests:
             self._log_stats(None, iteration)
-        try:
+        with contextlib.suppress(EngineDeadError):   # the core is gone: nothing holds blocks any more
             self.engine_core.abort_requests(core_ids)
-        except EngineDeadError:
-            pass   # the core is gone: nothing holds blocks any more
 
     def _forget(self, request_id: str) -> None:
         self._collectors.pop(request_id, None)

@@ -39,6 +39,7 @@ SIGKILL after 5 s), closes the sockets and removes their temporary directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -663,8 +664,6 @@ def _watch_child(resources: BackgroundResources, loop: asyncio.AbstractEventLoop
             break
     if resources.stop.is_set() or resources.dead_message is not None:
         return
-    try:
+    with contextlib.suppress(RuntimeError):   # the loop is closed: nobody is waiting
         loop.call_soon_threadsafe(_mark_dead, resources, outputs_queue, utility_futures,
                                   "its process ended unexpectedly")
-    except RuntimeError:   # the loop is closed: nobody is waiting
-        pass

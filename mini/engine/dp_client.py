@@ -40,6 +40,7 @@ balancing, one front end (`client_count=1`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -302,10 +303,8 @@ class DPAsyncMPClient(_DPClient):
         self._start_forwarders()
 
     def _deliver(self, index: int, item: EngineCoreOutputs | BaseException) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):   # the loop is closed: nobody is listening
             self._loop.call_soon_threadsafe(self._merged.put_nowait, (index, item))
-        except RuntimeError:   # the loop is closed: nobody is listening
-            pass
 
     async def outputs_async(self) -> EngineCoreOutputs:
         """The next EngineCoreOutputs of any core (its `engine_index` says which); EngineDeadError once dead."""

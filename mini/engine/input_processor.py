@@ -101,7 +101,8 @@ class InputProcessor:
                 if not isinstance(prompt, str):
                     raise TypeError(f'{{"prompt": ...}} must hold a str, got {type(prompt).__name__}')
             else:
-                raise TypeError(f"a prompt dict needs the key 'prompt' or 'prompt_token_ids'; prompts are {PROMPT_FORMS}")
+                raise TypeError("a prompt dict needs the key 'prompt' or 'prompt_token_ids'; "
+                                f"prompts are {PROMPT_FORMS}")
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be {PROMPT_FORMS}, got {type(prompt).__name__}")
         if self.tokenizer is None:

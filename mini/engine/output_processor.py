@@ -22,6 +22,7 @@ merged into it (`merge_delta_outputs` for DELTA, `replace_by_index` otherwise).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -97,10 +98,8 @@ class RequestOutputCollector:
         self.ready.set()
 
     def put_threadsafe(self, output: RequestOutput | BaseException) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody is listening any more
             self.loop.call_soon_threadsafe(self.put, output)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-            pass
 
     async def get(self) -> RequestOutput:
         while self.output is None:

@@ -3,11 +3,11 @@
 Mirrors no vLLM v0.33.0 file: v0.33.0 has no GGUF model loader (older releases had `GGUFModelLoader`, in
 a `gguf_loader.py` under vllm/model_executor/model_loader/, which kept the GGUF tensors quantized, ran
 quantized kernels and took the config and the tokenizer from the file through transformers' GGUF
-support). mini runs float weights only, so it goes one step further down that road: transformers (with the `gguf` package) reads the file — config, dequantized tensors with
-llama.cpp's Q/K row permutation undone, tokenizer and chat template — and mini saves the result as an
-ordinary HF folder (`model.safetensors`, `config.json` without `quantization_config`, tokenizer files).
-From then on the GGUF model is a local folder like any other: `mini.model.loader`, `mini.tokenizer`
-and the benchmark's transformers baseline all read it unchanged.
+support). mini runs float weights only, so it goes one step further down that road: transformers (with the `gguf`
+package) reads the file — config, dequantized tensors with llama.cpp's Q/K row permutation undone, tokenizer and chat
+template — and mini saves the result as an ordinary HF folder (`model.safetensors`, `config.json` without
+`quantization_config`, tokenizer files). From then on the GGUF model is a local folder like any other:
+`mini.model.loader`, `mini.tokenizer` and the benchmark's transformers baseline all read it unchanged.
 
 Why convert rather than read GGUF at every start: parsing the file's metadata and dequantizing takes
 about a minute on a 2-core CPU (the `gguf` reader walks a 49k-entry vocabulary in Python); loading

@@ -1,4 +1,5 @@
-"""The embedding and the LM head split over the vocabulary (mirrors vllm/model_executor/layers/vocab_parallel_embedding.py).
+"""The embedding and the LM head split over the vocabulary (mirrors
+vllm/model_executor/layers/vocab_parallel_embedding.py).
 
 Both hold a `[vocab_size, hidden_size]` matrix; with N ranks each holds a contiguous slice of its ROWS (token
 ids `[start, end)`, `cdiv(vocab_size, N)` rows per rank, the last rank's tail padded with zero rows):

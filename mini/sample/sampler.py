@@ -13,8 +13,8 @@ Order of operations (as vLLM's `Sampler.forward` / `Sampler.sample`):
 6. greedy and random rows are merged with one `torch.where`.
 
 `apply_temperature`, `apply_bad_words`, `apply_all_penalties`, `apply_top_k_top_p`, `random_sample` and
-`gather_logprobs` are the parts this class holds for the sampler role (mini/roles.py); it calls them through `self`, so an
-engine built with a replacement runs it. The fused path (step 5 in a top-k window) is the default; a
+`gather_logprobs` are the parts this class holds for the sampler role (mini/roles.py); it calls them through `self`, so
+an engine built with a replacement runs it. The fused path (step 5 in a top-k window) is the default; a
 sampler built with any part replaced runs the reference pipeline instead, decided once, in `__init__`.
 `compute_probs` walks the same pipeline and stops at the distribution `sample` would draw from.
 The sampler may modify `logits` in place, as vLLM's does.

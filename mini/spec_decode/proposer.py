@@ -41,9 +41,12 @@ class NgramDrafter:
 
     def propose(self, states: list[CachedRequestState], new_token_ids: list[list[int]], is_partial: list[bool],
                 inputs: PreparedInputs, hidden: torch.Tensor) -> list[list[int]]:
-        drafting = [row for row, (new, partial) in enumerate(zip(new_token_ids, is_partial)) if new and not partial]
+        drafting = [row for row, (new,
+                                  partial) in enumerate(zip(new_token_ids, is_partial,
+                                                            strict=True)) if new and not partial]
         drafts: list[list[int]] = [[] for _ in states]
-        for row, proposal in zip(drafting, self.proposer.propose([states[row].all_token_ids for row in drafting])):
+        for row, proposal in zip(drafting,
+                                 self.proposer.propose([states[row].all_token_ids for row in drafting]), strict=True):
             drafts[row] = proposal
         return drafts
 

@@ -15,8 +15,8 @@ The policy (what `LLMEngine` calls when `num_gpu_blocks_override` is None):
   activations of the profiling run + memory outside torch's allocator), as vLLM's
   `requested_memory - non_kv_cache_memory` (`request_memory` in vllm/v1/worker/utils.py; `memory_profiling` in
   vllm/utils/mem_utils.py measures the non-KV part as the free memory consumed since the engine was created
-  plus the activations' transient peak); `determine_num_gpu_blocks` is that arithmetic on measured numbers. vLLM v0.33.0 also
-  subtracts an estimate of its CUDA graphs' memory (`profile_cudagraph_memory`,
+  plus the activations' transient peak); `determine_num_gpu_blocks` is that arithmetic on measured numbers. vLLM
+  v0.33.0 also subtracts an estimate of its CUDA graphs' memory (`profile_cudagraph_memory`,
   `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS` on by default); mini does not (its decode-only graphs are small).
 * CPU: there is no device memory to share and torch keeps no allocator statistics, so the budget is
   `DEFAULT_KV_CACHE_BYTES` (512 MiB) capped by half the machine's available RAM minus the profiled peak

@@ -276,7 +276,8 @@ class NotebookPage:
 
     def error_widgets(self) -> int:
         """Widgets the manager replaced by its error placeholder (a view class that failed to load)."""
-        return self.js("return document.querySelectorAll('.jp-OutputArea-output .jupyter-widgets-error-widget').length;")
+        return self.js("return document.querySelectorAll("
+                       "'.jp-OutputArea-output .jupyter-widgets-error-widget').length;")
 
     def plain_text_outputs(self) -> list[str]:
         return self.js("return [...document.querySelectorAll('.jp-OutputArea-output pre')]"

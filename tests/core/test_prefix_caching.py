@@ -100,7 +100,7 @@ def test_none_hash_is_a_fixed_sha256_seed_unless_pythonhashseed_or_xxhash(monkey
         monkeypatch.setenv("PYTHONHASHSEED", "42")
         assert resolve_none_hash_seed(xxhash) == "42"
         init_none_hash(sha256)
-        assert kv_cache_utils.NONE_HASH == sha256("42")
+        assert sha256("42") == kv_cache_utils.NONE_HASH
     finally:
         monkeypatch.delenv("PYTHONHASHSEED", raising=False)
         init_none_hash(sha256)

@@ -68,7 +68,8 @@ class FakeRunner:
             self.states[new.req_id] = {"tokens": new.prompt_token_ids + new.output_token_ids,
                                        "block_ids": list(new.block_ids), "computed": new.num_computed_tokens}
         cached = out.scheduled_cached_reqs
-        for req_id, new_ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+        for req_id, new_ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,
+                                             strict=True):
             state = self.states[req_id]
             assert state["computed"] == computed
             state["block_ids"].extend(new_ids)
@@ -77,7 +78,7 @@ class FakeRunner:
         for req_id, num_tokens in out.num_scheduled_tokens.items():
             state = self.states[req_id]
             start, end = state["computed"], state["computed"] + num_tokens
-            assert 0 < num_tokens and end <= len(state["tokens"])
+            assert num_tokens > 0 and end <= len(state["tokens"])
             for position in range(start, end):
                 self.kv_slots[self.slot(state, position)] = state["tokens"][position]
         req_ids = list(out.num_scheduled_tokens)
@@ -328,7 +329,8 @@ def build_requests(specs, with_aborts: bool) -> tuple[list[Request], dict[str, i
 
 
 # MINI_HYPOTHESIS_EXAMPLES=3000 for a long soak.
-@settings(max_examples=int(os.environ.get("MINI_HYPOTHESIS_EXAMPLES", "50")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("MINI_HYPOTHESIS_EXAMPLES", "50")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(
     specs=request_specs,
     block_size=st.sampled_from([1, 2, 4]),

@@ -11,6 +11,7 @@ any), and the text each cell printed, by cell id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -28,10 +29,8 @@ def main(notebook_path: str, report_path: str) -> None:
     client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     stopped = None
-    try:
+    with contextlib.suppress(CellExecutionError):
         client.execute()
-    except CellExecutionError:
-        pass
     ran = 0
     printed: dict[str, str] = {}
     for cell in notebook.cells:

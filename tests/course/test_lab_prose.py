@@ -115,7 +115,8 @@ def test_no_solution_code_outside_the_last_hint(phase):
         if cell.cell_type != "markdown":
             continue
         visible = _outside_hint_3(cell.source)
-        fragments = CODE_SPAN.findall(visible) + [line for block in FENCE.findall(visible) for line in block.splitlines()]
+        fenced = [line for block in FENCE.findall(visible) for line in block.splitlines()]
+        fragments = CODE_SPAN.findall(visible) + fenced
         for fragment in fragments:
             piece = _squash(fragment)
             if _is_piece(piece) and any(piece in line for line in solution):

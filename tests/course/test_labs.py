@@ -147,7 +147,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _collect(tmp_path: Path, *args: str, probe: bool = False) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "HANDLE_PROBE_OUT": str(tmp_path / "handles.json")}
     extra = ["-p", "handle_probe"] if probe else []
     result = subprocess.run(

@@ -310,7 +310,8 @@ def _open_in_jupyterlab(path: Path, answers: dict[str, str]) -> None:
 
 
 def test_a_learners_work_in_phases_never_fails_the_tests_of_the_release(tmp_path, generated):
-    """Issue 26: one answer filled in and the metadata rewritten the JupyterLab way, in a COPY of phases/. `check` calls it the learner's work, not drift; `release` leaves it alone; and what the release
+    """Issue 26: one answer filled in and the metadata rewritten the JupyterLab way, in a COPY of phases/. `check`
+    calls it the learner's work, not drift; `release` leaves it alone; and what the release
     tests grade and assemble (`write_release`: the release as generated) is still all stubs, all reference."""
     from labs import assemble
     from labs.checks.common import NotImplementedYet

@@ -74,5 +74,6 @@ def test_a_bench_output_becomes_a_result_that_joins_its_table():
 
 def test_a_bench_without_a_machine_line_gets_this_machine():
     result = result_from_output("sampler", [], "speedup_vs_loop=11.23 cost_vs_sort=0.22\n", "sampler", "", "2026-11-28",
-                                machine={"machine": "x86_64, 2 cores, torch 2.13.0+cpu", "threads": None, "commit": "abc"})
+                                machine={"machine": "x86_64, 2 cores, torch 2.13.0+cpu", "threads": None,
+                                         "commit": "abc"})
     assert result["runs"][0]["commit"] == "abc" and result["runs"][0]["rows"][0]["speedup_vs_loop"] == 11.23

@@ -72,7 +72,9 @@ def test_a_leaked_solution_and_a_broken_link_are_caught(site, tmp_path):
     phase, lines = next((phase, lines) for phase, lines in check.distinctive_solution_lines().items() if lines)
     line = lines[0]
     page = copy / "phases" / f"{phase}.html"
-    page.write_text(page.read_text(encoding="utf-8").replace("</main>", f"<pre>\n{line}\n</pre>\n<a href=\"#nowhere\">x</a></main>"),
+    page.write_text(page.read_text(encoding="utf-8").replace("</main>",
+                                                             f"<pre>\n{line}\n</pre>\n"
+                                                             "<a href=\"#nowhere\">x</a></main>"),
                     encoding="utf-8")
     assert check.leaked_solution_lines(copy) == [f"{phase}: {line}"]
     assert any("#nowhere" in b for b in check.broken_links(copy))

@@ -176,7 +176,8 @@ def test_engines_without_a_profiling_run_trace_once_and_a_second_engine_reuses_t
         llm = LLM(compilation_config=3, num_gpu_blocks_override=blocks)
         for prompt in ("hi there", "a longer prompt than the first one"):
             llm.generate([prompt], params, use_tqdm=False)
-    assert counters["stats"]["unique_graphs"] - graphs_before == 1, "traced again: a guard failed (TORCH_LOGS=recompiles)"
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1, (
+        "traced again: a guard failed (TORCH_LOGS=recompiles)")
 
 
 def test_a_draft_model_is_compiled_with_its_target_and_drafts_the_same_tokens():

@@ -59,9 +59,9 @@ def test_seeded_n_samples_logprobs_and_stop_strings_identical(engines):
     want = inproc.generate(PROMPTS[:2], params, use_tqdm=False)
     got = multi.generate(PROMPTS[:2], params, use_tqdm=False)
     assert _tokens(got) == _tokens(want) and all(len(o.outputs) == 3 for o in got)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         _same_logprobs(g.prompt_logprobs, w.prompt_logprobs)
-        for gc, wc in zip(g.outputs, w.outputs):
+        for gc, wc in zip(g.outputs, w.outputs, strict=True):
             _same_logprobs(gc.logprobs, wc.logprobs)
             assert gc.text == wc.text and gc.stop_reason == wc.stop_reason
 
@@ -73,7 +73,7 @@ def _same_logprobs(got, want):
     if got is None:
         return
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert (g is None) == (w is None)
         if g is None:
             continue
@@ -186,7 +186,8 @@ def test_fork_after_parallel_kernels_does_not_hang(engines):
     inproc, _ = engines
     want = inproc.generate(["Hello world"], SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)
     env = dict(os.environ, MINI_ENABLE_V1_MULTIPROCESSING="1", MINI_WORKER_MULTIPROC_METHOD="fork")
-    result = subprocess.run([sys.executable, "-c", FORK_AFTER_KERNELS], check=False, env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", FORK_AFTER_KERNELS], check=False, env=env, capture_output=True,
+                            text=True,
                             timeout=RUN_GUARD_S)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"TOKENS {list(want[0].outputs[0].token_ids)} True" in result.stdout

@@ -31,7 +31,8 @@ def test_default_llm_is_the_shipped_model_and_matches_transformers(llm):
     hf = AutoModelForCausalLM.from_pretrained(SHIPPED_MODEL_DIR, dtype=torch.float32).eval()
     ids = torch.tensor([out.prompt_token_ids])
     with torch.inference_mode():
-        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, min_new_tokens=48, do_sample=False,
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, min_new_tokens=48,
+                               do_sample=False,
                                pad_token_id=hf.generation_config.eos_token_id)[0, ids.shape[1]:].tolist()
     assert list(out.outputs[0].token_ids) == expected
     text = out.outputs[0].text

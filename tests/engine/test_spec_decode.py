@@ -131,7 +131,7 @@ def test_logprobs_and_streaming_agree_with_no_speculation():
     llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     got = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
     assert got.token_ids == want.token_ids
-    for mine, theirs in zip(got.logprobs, want.logprobs):
+    for mine, theirs in zip(got.logprobs, want.logprobs, strict=True):
         assert mine.keys() == theirs.keys()
         for token in mine:
             assert abs(mine[token].logprob - theirs[token].logprob) < 1e-4
@@ -283,5 +283,5 @@ def test_prometheus_counts_drafts_and_accepted_tokens():
             f'{float(stats.num_accepted_tokens)}') in text
     assert stats.num_accepted_tokens > 0
     first = stats.num_accepted_tokens_per_pos[0]
-    assert f'mini:spec_decode_num_accepted_tokens_per_pos_total{{model_name="tiny-llama",position="0"}} {float(first)}' \
-        in text
+    series = 'mini:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny-llama",position="0"}'
+    assert f"{series} {float(first)}" in text

@@ -62,7 +62,7 @@ def paged_step(head, kv_cache, ids, hidden, num_computed: list[int], num_schedul
     """Run the scheduled slice of every sequence through the paged forward; per-sequence outputs."""
     token_lists = [seq.tolist() for seq in ids]
     inputs = prepare_inputs(token_lists, num_computed, num_scheduled, BLOCK_IDS, BLOCK_SIZE)
-    flat_hidden = torch.cat([h[c: c + n] for h, c, n in zip(hidden, num_computed, num_scheduled)])
+    flat_hidden = torch.cat([h[c: c + n] for h, c, n in zip(hidden, num_computed, num_scheduled, strict=True)])
     with torch.no_grad():
         out = head(inputs.input_ids, flat_hidden, inputs.positions, [kv_cache], metadata_for(inputs, num_scheduled))
     return list(out.split(num_scheduled))
@@ -70,7 +70,7 @@ def paged_step(head, kv_cache, ids, hidden, num_computed: list[int], num_schedul
 
 def contiguous(head, ids, hidden) -> list[torch.Tensor]:
     with torch.no_grad():
-        return [head.forward_contiguous(seq[None], h[None])[0] for seq, h in zip(ids, hidden)]
+        return [head.forward_contiguous(seq[None], h[None])[0] for seq, h in zip(ids, hidden, strict=True)]
 
 
 def test_paged_prefill_matches_contiguous_forward():
@@ -91,15 +91,15 @@ def test_incremental_decode_matches_full_forward():
     first = paged_step(head, kv_cache, ids, hidden, [0, 0, 0], computed)
     for index, rows in enumerate(first):
         torch.testing.assert_close(rows, expected[index][: computed[index]], atol=1e-5, rtol=1e-5)
-    while any(done < total for done, total in zip(computed, SEQ_LENS)):
-        scheduled = [1 if done < total else 0 for done, total in zip(computed, SEQ_LENS)]
+    while any(done < total for done, total in zip(computed, SEQ_LENS, strict=True)):
+        scheduled = [1 if done < total else 0 for done, total in zip(computed, SEQ_LENS, strict=True)]
         active = [index for index, count in enumerate(scheduled) if count]
         step_ids = [ids[index] for index in active]
         step_hidden = [hidden[index] for index in active]
         blocks = [BLOCK_IDS[index] for index in active]
         inputs = prepare_inputs([seq.tolist() for seq in step_ids], [computed[index] for index in active],
                                 [1] * len(active), blocks, BLOCK_SIZE)
-        flat_hidden = torch.stack([h[computed[index]] for h, index in zip(step_hidden, active)])
+        flat_hidden = torch.stack([h[computed[index]] for h, index in zip(step_hidden, active, strict=True)])
         with torch.no_grad():
             out = head(inputs.input_ids, flat_hidden, inputs.positions, [kv_cache],
                        metadata_for(inputs, [1] * len(active)))
@@ -120,7 +120,8 @@ def test_head_rejects_wrong_cache_count_and_keeps_embedding_out_of_its_weights()
 
 def held_out_snippets(tokenizer: PreTrainedTokenizerFast, count: int, length: int) -> list[list[int]]:
     """The first `length` tokens of `count` documents of the shipped model's held-out split."""
-    spec = importlib.util.spec_from_file_location("train_shipped_model", REPO_ROOT / "scripts" / "train_shipped_model.py")
+    spec = importlib.util.spec_from_file_location("train_shipped_model",
+                                                  REPO_ROOT / "scripts" / "train_shipped_model.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
@@ -147,7 +148,7 @@ def test_shipped_head_loads_and_agrees_with_the_target():
         target_caches = [torch.zeros(target.kv_cache_shape(20, 16)) for _ in range(target.config.num_hidden_layers)]
         target_hidden = target(inputs.input_ids, inputs.positions, target_caches, metadata).split(lengths)
         agreements = []
-        for ids, hidden in zip(snippets, target_hidden):
+        for ids, hidden in zip(snippets, target_hidden, strict=True):
             # head at position t reads (h_t, x_{t+1}); its logits should match the target's at t+1.
             head_inputs = prepare_inputs([ids[1:]], [0], [len(ids) - 1], [blocks[0]], block_size=16)
             head_cache = torch.zeros(head.kv_cache_shape(20, 16))

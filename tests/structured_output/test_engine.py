@@ -55,7 +55,7 @@ def test_sampled_outputs_always_match_regex_choice_and_schema(llm):
     params = [constrained(seed, max_tokens=96, **kind) for kind in kinds for seed in range(3)]
     params.append(constrained(3, max_tokens=96, json=json.dumps(SCHEMA)))  # the schema as JSON text
     outputs = llm.generate(["The answer is"] * len(params), params, use_tqdm=False)
-    for param, output in zip(params, outputs):
+    for param, output in zip(params, outputs, strict=True):
         completion = output.outputs[0]
         spec = param.structured_outputs
         assert completion.finish_reason == "stop", (spec, completion.text)
@@ -131,7 +131,8 @@ def test_mixed_batch_with_chunked_prefill_and_preemption():
     engine = llm.llm_engine
     long_prompt = "Once upon a time, in a land far away, there lived a curious engineer who " * 2
     greedy_free = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    greedy_json = SamplingParams(temperature=0.0, max_tokens=96, structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    greedy_json = SamplingParams(temperature=0.0, max_tokens=96,
+                                 structured_outputs=StructuredOutputsParams(json=SCHEMA))
     requests = [("free0", long_prompt, greedy_free), ("json0", long_prompt, greedy_json),
                 ("regex1", "Call me at", constrained(1, regex=REGEX)),
                 ("free1", "def main():", SamplingParams(temperature=1.0, seed=5, max_tokens=16)),

@@ -93,7 +93,8 @@ def test_figure_and_widget(tokenizer, capsys):
     text, sample, reset = widget.children[0].children
     text.value = "ye"
     sample.click()  # one allowed token: "s"
-    assert widget.fsm_tokens == [*tokenizer.encode("ye", add_special_tokens=False), tokenizer.convert_tokens_to_ids("s")]
+    assert widget.fsm_tokens == [*tokenizer.encode("ye", add_special_tokens=False),
+                                 tokenizer.convert_tokens_to_ids("s")]
     printed = capsys.readouterr().out  # outside a notebook the Output area passes prints through
     assert "allowed next (1): " + f"{tokenizer.convert_tokens_to_ids('s')}:'s'" in printed  # after "ye": only "s"
     assert f"allowed next (1): {tokenizer.eos_token_id}:" in printed  # after "yes": only EOS

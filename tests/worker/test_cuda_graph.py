@@ -81,7 +81,8 @@ def test_enforce_eager_must_be_a_bool(value):
 @pytest.mark.parametrize("value", [0, -4, True, 2.0, "8", 65])
 def test_max_cudagraph_capture_size_is_checked(value):
     # Above max_num_seqs (64) is rejected, not clamped: no decode batch is ever that large.
-    with pytest.raises(ValueError, match=r"max_cudagraph_capture_size must be None or an int in \[1, max_num_seqs=64\]"):
+    with pytest.raises(ValueError,
+                       match=r"max_cudagraph_capture_size must be None or an int in \[1, max_num_seqs=64\]"):
         EngineConfig(max_num_seqs=64, max_cudagraph_capture_size=value)
 
 

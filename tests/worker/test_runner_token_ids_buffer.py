@@ -55,7 +55,8 @@ def test_random_steps_with_chunks_drafts_moves_and_refills_match_the_reference()
             state.block_ids.extend(rng.randrange(1, 500) for _ in range(needed - len(state.block_ids)))
             scheduled.append(count)
         assert_same_as_reference(states, scheduled, buffer, table)
-        for state, count in zip(states, scheduled):        # the step ran: accept a token where one is sampled
+        for state, count in zip(states, scheduled,
+                                strict=True):        # the step ran: accept a token where one is sampled
             state.num_computed_tokens += count - len(state.spec_token_ids)
             if state.num_computed_tokens >= state.num_tokens:
                 state.append_output_token(rng.randrange(1, 1000))

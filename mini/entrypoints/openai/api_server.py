@@ -112,7 +112,8 @@ def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., A
     return wrapper
 
 
-def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusStatLogger | None = None,
+# Complex by design: a route per endpoint.
+def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusStatLogger | None = None,  # noqa: C901
               shutdown_engine: bool = True, api_keys: Sequence[str] | None = None,
               options: ServeOptions | None = None) -> FastAPI:
     """The FastAPI app on `engine`. `shutdown_engine`: stop the engine loop when the app shuts down.

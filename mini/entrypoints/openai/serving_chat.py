@@ -3,8 +3,8 @@
 Mirrors vllm/entrypoints/openai/chat_completion/serving.py (`OpenAIServingChat`). The messages are checked and
 rendered by mini/entrypoints/chat_utils.py, as `LLM.chat` does, on the renderer's thread
 (mini/entrypoints/openai/renderer.py): with the request's `chat_template` (only with
-`--trust-request-chat-template`, as vLLM), else the tokenizer's own (SmolLM2's ChatML template, for instance), else `FALLBACK_CHAT_TEMPLATE`, the
-documented one-line-per-message template the shipped tiny model gets:
+`--trust-request-chat-template`, as vLLM), else the tokenizer's own (SmolLM2's ChatML template, for instance), else
+`FALLBACK_CHAT_TEMPLATE`, the documented one-line-per-message template the shipped tiny model gets:
 
     system: You are terse.
     user: Hi
@@ -48,7 +48,7 @@ def chat_logprobs(logprobs: SampleLogprobs, token_ids: list[int], tokenizer: Any
         return tokenizer.decode([tid]) if tokenizer is not None else f"token_id:{tid}"
 
     content = []
-    for token_id, candidates in zip(token_ids, logprobs):
+    for token_id, candidates in zip(token_ids, logprobs, strict=True):
         sampled = candidates.get(token_id)
         token = text_of(token_id, sampled)
         ranked = sorted(candidates.items(), key=lambda item: -item[1].logprob)[:top_n]
@@ -122,7 +122,8 @@ class OpenAIServingChat(OpenAIServing):
             ChatCompletionResponseChoice(
                 index=i, message=ChatMessage(role="assistant", content=texts[i]),
                 finish_reason=finish[i][0], stop_reason=finish[i][1],
-                logprobs=None if logprobs.get(i) is None else chat_logprobs(logprobs[i], token_ids[i], tokenizer, top_n))
+                logprobs=(None if logprobs.get(i) is None
+                          else chat_logprobs(logprobs[i], token_ids[i], tokenizer, top_n)))
             for i in sorted(texts)
         ]
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=self.usage(

@@ -44,7 +44,8 @@ def test_worked_example():
 
 def _metadata(block_ids, computed, scheduled, block_size) -> AttentionMetadata:
     inputs = prep.prepare_inputs(
-        [list(range(c + s)) for c, s in zip(computed, scheduled)], computed, scheduled, block_ids, block_size
+        [list(range(c + s)) for c, s in zip(computed, scheduled,
+                                            strict=True)], computed, scheduled, block_ids, block_size
     )
     return AttentionMetadata(
         len(inputs.input_ids),

@@ -149,7 +149,8 @@ def test_shared_blocks_list_every_owner_and_their_ref_count(tiny_llama_dir):
     page = render_block_table_html(view)
     assert "repeating-linear-gradient" in page   # stripes: one per owner
     first = shared[0]
-    assert f"<span class='bt-owners'>{','.join(first.owners)}</span> <span class='bt-ref'>ref {first.ref_cnt}</span>" in page
+    owners = f"<span class='bt-owners'>{','.join(first.owners)}</span>"
+    assert f"{owners} <span class='bt-ref'>ref {first.ref_cnt}</span>" in page
     plain = render_block_table_text(view)
     assert f"owners {','.join(first.owners)}  ref {first.ref_cnt}  shared" in plain
 

@@ -168,7 +168,8 @@ def test_phase_07_without_triton_explains_and_keeps_the_pytorch_exercise(tmp_pat
         print("RESULT" + json.dumps(result))
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", script], check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script], check=False, cwd=tmp_path, env=env, capture_output=True,
+                          text=True,
                           timeout=RUN_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Linux x86_64" in done.stdout.split("RESULT")[0], "the setup cell prints the platform message"

@@ -26,7 +26,7 @@ def tp2_events():
     events = [event(0.0, "engine core", "send", "initialize_cache", to=2),
               event(1.0, "front end", "send", "ADD", nbytes=600, request_ids=["a"]),
               event(1.1, "engine core", "recv", "ADD", nbytes=600, request_ids=["a"])]
-    for step, start in enumerate((2.0, 3.0)):
+    for start in (2.0, 3.0):
         events += [event(start, "engine core", "send", "execute_model", nbytes=900, to=2, request_ids=["a"]),
                    event(start + 0.1, "worker 1", "recv", "execute_model"),
                    event(start + 0.11, "worker 0", "recv", "execute_model"),

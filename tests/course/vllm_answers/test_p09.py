@@ -55,7 +55,8 @@ def test_vllm_apply_penalties_passes(monkeypatch):
 
 
 def builtin_namespace() -> dict:
-    return {"torch": torch, "np": np, "Sequence": Sequence, "SamplingParams": SamplingParams, "BatchUpdate": BatchUpdate,
+    return {"torch": torch, "np": np, "Sequence": Sequence, "SamplingParams": SamplingParams,
+            "BatchUpdate": BatchUpdate,
             "MoveDirectionality": MoveDirectionality, "LogitsProcessor": LogitsProcessor, "T": object,
             "async_tensor_h2d": lambda data, device=None, dtype=None: torch.tensor(data, device=device,
                                                                                     dtype=dtype)}
@@ -78,7 +79,8 @@ def test_vllm_min_p_logits_processor_passes():
 
     class MinPLogitsProcessor(processor_class):   # vLLM's VllmConfig names the batch size max_num_seqs
         def __init__(self, vllm_config, device, is_pin_memory):
-            config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=vllm_config.max_num_reqs))
+            scheduler_config = types.SimpleNamespace(max_num_seqs=vllm_config.max_num_reqs)
+            config = types.SimpleNamespace(scheduler_config=scheduler_config)
             super().__init__(config, device, is_pin_memory)
 
     check_min_p_processor(MinPLogitsProcessor)

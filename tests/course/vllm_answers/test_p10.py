@@ -92,7 +92,8 @@ def test_vllm_get_computed_blocks_passes():
                  "ChunkedLocalAttentionSpec": _FullAttentionSpec, "KVCacheBlocks": tuple}
     vllm_definition(KV_CACHE_UTILS, "resolve_block_hashes", namespace)
     vllm_find = vllm_definition("vllm/v1/core/single_type_kv_cache_manager.py",
-                                "FullAttentionManager.find_longest_cache_hit", namespace)  # the slice drops @classmethod
+                                "FullAttentionManager.find_longest_cache_hit",
+                                namespace)  # the slice drops @classmethod
     vllm_get_computed_blocks = vllm_definition("vllm/v1/core/kv_cache_manager.py",
                                                "KVCacheManager.get_computed_blocks", namespace)
 

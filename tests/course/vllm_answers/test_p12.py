@@ -240,7 +240,8 @@ def test_vllm_default_padded_first_pass_agrees_with_mini_on_every_kept_row():
                               target_positions=torch.tensor(case["target_positions"]),
                               target_hidden_states=torch.zeros(num_tokens, 1),
                               token_indices_to_sample=token_indices_to_sample.long(),
-                              cad=SimpleNamespace(query_start_loc=query_start_loc), num_rejected_tokens_gpu=num_rejected)
+                              cad=SimpleNamespace(query_start_loc=query_start_loc),
+                              num_rejected_tokens_gpu=num_rejected)
         mini_ids, mini_positions, kept, last = (t.tolist() for t in _eagle_call(prepare_eagle_inputs, case))
         assert [proposer.input_ids[row].item() for row in kept] == mini_ids, case
         assert [positions[row].item() for row in kept] == mini_positions, case

@@ -46,7 +46,8 @@ WRONG = [
     # ---- num_tokens_to_schedule
     Wrong("num_tokens_to_schedule", "length cap off by one (no position kept for the sampled token)",
           edit=(LENGTH_CAP, "max_model_len - num_computed_tokens"), expect="needs a position below max_model_len"),
-    Wrong("num_tokens_to_schedule", "length cap two short", edit=(LENGTH_CAP, "max_model_len - num_computed_tokens - 2"),
+    Wrong("num_tokens_to_schedule", "length cap two short",
+          edit=(LENGTH_CAP, "max_model_len - num_computed_tokens - 2"),
           expect="max_model_len"),
     Wrong("num_tokens_to_schedule", "threshold 0 read as a cap of 0",
           edit=("if 0 < long_prefill_token_threshold < num_new_tokens:",

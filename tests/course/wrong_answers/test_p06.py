@@ -164,7 +164,8 @@ WRONG = [
           edit=("    if not self.scheduler.has_unfinished_requests():\n        return outputs\n", ""),
           expect="runs no forward pass"),
     Wrong("step", "pending outputs returned but never cleared",
-          edit=("    outputs, self._pending_outputs = self._pending_outputs, []", "    outputs = list(self._pending_outputs)"),
+          edit=("    outputs, self._pending_outputs = self._pending_outputs, []",
+                "    outputs = list(self._pending_outputs)"),
           expect="returned by one iteration, then gone"),
     # ParentRequest: the n > 1 fan-out and gather
     Wrong("ParentRequest", "child id spelled parent_index",

@@ -204,7 +204,8 @@ WRONG = [
                 logits[row, token] += bias
         return logits"""),
           expect="no Python loop over rows"),
-    Wrong("LogitBiasLogitsProcessor", "rebuilds its tensors only when a request is added (stale after removes and moves)",
+    Wrong("LogitBiasLogitsProcessor",
+          "rebuilds its tensors only when a request is added (stale after removes and moves)",
           edit=("if lp_state.process_dict_updates(self.bias_by_row, batch_update, new_state):",
                 "if lp_state.process_dict_updates(self.bias_by_row, batch_update, new_state) and batch_update.added:"),
           expect="logit_bias"),
@@ -317,7 +318,7 @@ def test_another_valid_condense_passes():
         size = len(self.req_id_to_index)
         holes = [row for row in range(size) if self.req_ids[row] is None]
         beyond = [row for row in range(size, len(self.req_ids)) if self.req_ids[row] is not None]
-        for hole, source in zip(holes, beyond):
+        for hole, source in zip(holes, beyond, strict=True):
             req_id = self.req_ids[source]
             self.req_ids[hole], self.requests[hole] = req_id, self.requests[source]
             self.req_ids[source], self.requests[source] = None, None

@@ -51,7 +51,8 @@ WRONG = [
                 "words[token // 32] |= np.uint32(1 << (31 - token % 32))"),
           expect="bit t % 32 of word t // 32"),
     Wrong("pack_allowed", "floor instead of ceil for the number of words",
-          edit=("np.zeros((vocab_size + 31) // 32, dtype=np.uint32)", "np.zeros(max(vocab_size // 32, 1), dtype=np.uint32)"),
+          edit=("np.zeros((vocab_size + 31) // 32, dtype=np.uint32)",
+                "np.zeros(max(vocab_size // 32, 1), dtype=np.uint32)"),
           expect="out of bounds"),
     Wrong("pack_allowed", "int64 words",
           edit=("    return words.view(np.int32)", "    return words.astype(np.int64)"), expect="int32"),
@@ -89,7 +90,8 @@ WRONG = [
 WRONG += [
     Wrong("subset_construction", "no state ever accepts", expect="the accepting flags",
           edit=("    return table, [nfa.accept in s for s in sets]", "    return table, [False] * len(sets)")),
-    Wrong("subset_construction", "a class's targets not merged (last edge wins)", expect="first difference at dfa state",
+    Wrong("subset_construction", "a class's targets not merged (last edge wins)",
+          expect="first difference at dfa state",
           edit=("moves.setdefault(cls, set()).add(target)", "moves[cls] = {target}")),
     Wrong("pack_allowed", "each bit one token late", expect="first wrong token",
           edit=("words[token // 32] |= np.uint32(1 << (token % 32))",
@@ -203,7 +205,8 @@ WRONG += [
           edit=("                allowed.extend(self.trie.token_ids[child])\n",
                 ("                if self.dfa.accepting[next_state]:\n"
                  "                    allowed.extend(self.trie.token_ids[child])\n"))),
-    Wrong("allowed_token_ids", "the DFA state is not carried along the walk", expect="carry the DFA state along the walk",
+    Wrong("allowed_token_ids", "the DFA state is not carried along the walk",
+          expect="carry the DFA state along the walk",
           edit=("stack.append((child, next_state))", "stack.append((child, dfa_state))")),
     Wrong("allowed_token_ids", "walks from the start state, not from `state`", expect="start the walk at `state`",
           edit=("allowed, stack = [], [(0, state)]", "allowed, stack = [], [(0, 0)]")),
@@ -219,10 +222,13 @@ WRONG += [
                   words[token // 32] |= 1 << (token % 32)
               return words
           '''),
-    Wrong("pack_allowed", "adds bits instead of OR-ing them (a repeated id carries)", expect="an id may come more than once",
-          edit=("words[token // 32] |= np.uint32(1 << (token % 32))", "words[token // 32] += np.uint32(1 << (token % 32))")),
+    Wrong("pack_allowed", "adds bits instead of OR-ing them (a repeated id carries)",
+          expect="an id may come more than once",
+          edit=("words[token // 32] |= np.uint32(1 << (token % 32))",
+                "words[token // 32] += np.uint32(1 << (token % 32))")),
     Wrong("pack_allowed", "one word too many when vocab_size is a multiple of 32", expect="no spare word",
-          edit=("np.zeros((vocab_size + 31) // 32, dtype=np.uint32)", "np.zeros(vocab_size // 32 + 1, dtype=np.uint32)")),
+          edit=("np.zeros((vocab_size + 31) // 32, dtype=np.uint32)",
+                "np.zeros(vocab_size // 32 + 1, dtype=np.uint32)")),
     # apply_token_bitmask_inplace
     Wrong("apply_token_bitmask_inplace", "writes into a copy (chained indexing)", expect="nothing changed in `logits`",
           edit=("    logits[rows] = logits[rows].masked_fill(~allowed, float(\"-inf\"))",

@@ -60,7 +60,8 @@ WRONG = [
                 "        start, end = self.tp_rank * per_rank, (self.tp_rank + 1) * per_rank\n"
                 "        outside = (input_ids < start) | (input_ids >= end)\n"
                 "        local_ids = (input_ids - start).masked_fill(outside, 0)"))),
-    Wrong("VocabParallelEmbedding", "the range tested on the shifted ids", expect="VocabParallelEmbedding.forward, rank",
+    Wrong("VocabParallelEmbedding", "the range tested on the shifted ids",
+          expect="VocabParallelEmbedding.forward, rank",
           edit=(("        outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)\n"
                 "        local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)"),
                 ("        shifted = input_ids - self.vocab_start_index\n"
@@ -96,7 +97,8 @@ class QKVParallelLinear(ReferenceQKVParallelLinear):
         with torch.no_grad():
             param.data.narrow(0, offset, size).copy_(loaded_weight.narrow(0, shard * size, size))
 '''),
-    Wrong("QKVParallelLinear", "an unknown shard_id fails with a KeyError from the table", expect="expected a ValueError",
+    Wrong("QKVParallelLinear", "an unknown shard_id fails with a KeyError from the table",
+          expect="expected a ValueError",
           edit=(("        if shard_id not in (\"q\", \"k\", \"v\"):\n"
                 "            raise ValueError(f\"shard_id must be one of 'q', 'k', 'v', got {shard_id!r}\")\n"), "")),
     Wrong("QKVParallelLinear", "v written over k (v's offset right after q)", expect="this rank's k block",
@@ -129,7 +131,8 @@ class QKVParallelLinear(ReferenceQKVParallelLinear):
           edit=("""        if not self.engine_core.has_unfinished_requests():
             item = self.input_queue.get()""", """        if True:
             item = self.input_queue.get()""")),
-    Wrong("EngineCoreProc", "steps and emits when idle", expect="iteration 6: it put an EngineCoreOutputs with no outputs",
+    Wrong("EngineCoreProc", "steps and emits when idle",
+          expect="iteration 6: it put an EngineCoreOutputs with no outputs",
           edit=("""        if not self.engine_core.has_unfinished_requests():
             return
         outputs = self.engine_core.step()
@@ -208,7 +211,8 @@ class EngineCoreProc(ReferenceEngineCoreProc):
           expect="changed its inputs: lb_engines",
           edit=("    return best_index\n", "    lb_engines[best_index][0] += client_count\n    return best_index\n")),
     Wrong("get_core_engine_for_request", "reads a usage that a pair does not have", expect="raised IndexError",
-          edit=("        kv_cache_usage = counts[2] if len(counts) > 2 else 0.0", "        kv_cache_usage = counts[2]")),
+          edit=("        kv_cache_usage = counts[2] if len(counts) > 2 else 0.0",
+                "        kv_cache_usage = counts[2]")),
     Wrong("get_core_engine_for_request", "pads the caller's counts with a usage of 0", expect="changed its inputs",
           edit=("        kv_cache_usage = counts[2] if len(counts) > 2 else 0.0",
                 "        if len(counts) < 3:\n            counts.append(0.0)\n        kv_cache_usage = counts[2]")),

@@ -1,7 +1,7 @@
 """Schemathesis (`st run`) fuzzes the live server against its own /openapi.json, with and without an API key.
 
-Every check but `positive_data_acceptance` and `max_response_time` (see CHECKS) must pass: no 5xx, every status code, Content-Type and body
-(JSON, and each server-sent event's JSON) as the document declares, schema-invalid bodies rejected
+Every check but `positive_data_acceptance` and `max_response_time` (see CHECKS) must pass: no 5xx, every status code,
+Content-Type and body (JSON, and each server-sent event's JSON) as the document declares, schema-invalid bodies rejected
 (`negative_data_rejection`), and with a key, a request without it refused (`ignored_auth`).
 `positive_data_acceptance` (every schema-valid body must be served) is off: the server answers a declared
 400 to bodies that JSON Schema cannot rule out, as vLLM does: a prompt longer than the context once
