@@ -116,7 +116,13 @@ def test_shutdown_and_garbage_collection_leave_nothing(monkeypatch):
     assert _wait_gone(pid) and not socket_dir.exists()
 
 
+# The parent takes Ctrl-C as a terminal's foreground process does, however the test runner was started: a
+# process started with SIGINT ignored (a background job of a non-interactive shell, `nohup`, some CI
+# agents) passes SIG_IGN on through fork and exec, and Python then keeps it: no KeyboardInterrupt would
+# ever come, and the parent would generate on until the hang guard (the 600 s CI hang of the sigint
+# case). Hence the script's first line.
 PARENT_SCRIPT = """
+import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
 import sys, time
 from mini import LLM, SamplingParams
 llm = LLM(num_gpu_blocks_override=32)
@@ -131,29 +137,50 @@ while True:   # generating when the signal comes
 
 
 def _start_parent(mode: str) -> tuple[subprocess.Popen, int, Path]:
+    """Start PARENT_SCRIPT; mode "sigint_ignored_at_start": as from a runner that ignores SIGINT."""
     env = dict(os.environ, MINI_ENABLE_V1_MULTIPROCESSING="1")
-    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, mode], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if mode == "sigint_ignored_at_start" else None
+    try:
+        parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, mode], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     line = parent.stdout.readline()
     assert line.startswith("CORE"), (line, parent.stderr.read() if parent.poll() is not None else "")
     _, pid, socket_dir = line.split()
     return parent, int(pid), Path(socket_dir)
 
 
-@pytest.mark.parametrize("how", ["exit", "sigint", "sigkill"])
+def _signal_disposition(pid: int, signum: int) -> str:
+    """"caught", "ignored" or "default": how process `pid` takes `signum` now (Linux: /proc/<pid>/status)."""
+    masks = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigIgn", "SigCgt"):
+            masks[key] = int(value, 16)
+    bit = 1 << (signum - 1)
+    return "caught" if masks["SigCgt"] & bit else "ignored" if masks["SigIgn"] & bit else "default"
+
+
+@pytest.mark.parametrize("how", ["exit", "sigint", "sigint_ignored_at_start", "sigkill"])
 def test_parent_exit_ctrl_c_or_crash_leaves_no_orphan(how):
     parent, core_pid, socket_dir = _start_parent(how)
     try:
+        if how.startswith("sigint"):
+            # Checked before the signal: a parent ignoring SIGINT would hang this test until SAFETY_S.
+            assert _signal_disposition(parent.pid, signal.SIGINT) == "caught", (
+                "the parent does not take SIGINT (Python keeps a SIG_IGN inherited from the test runner)")
         if how != "exit":
             time.sleep(0.5)           # let it generate
-            parent.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+            parent.send_signal(signal.SIGINT if how.startswith("sigint") else signal.SIGKILL)
         parent.wait(SAFETY_S)
         assert _wait_gone(core_pid), f"the engine core {core_pid} outlived its parent ({how})"
         deadline = time.monotonic() + SAFETY_S
         while socket_dir.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not socket_dir.exists(), f"stale socket directory {socket_dir} ({how})"
-        if how == "sigint":
+        if how.startswith("sigint"):
             assert "KeyboardInterrupt" in parent.stderr.read()
     finally:
         if parent.poll() is None:
