@@ -69,7 +69,7 @@ def render(text: str, source: Path, page_root: str, slug_prefix: str = "") -> tu
     heading_tokens = [(i, t) for i, t in enumerate(tokens) if t.type == "heading_open"]
     slugs = unique_slugs([tokens[i + 1].content for i, _ in heading_tokens])
     headings = []
-    for (i, token), slug in zip(heading_tokens, slugs, strict=True):
+    for (i, token), slug in zip(heading_tokens, slugs, strict=False):
         token.attrSet("id", slug_prefix + slug)
         headings.append((int(token.tag[1]), slug_prefix + slug, tokens[i + 1].content))
     for token in tokens:

@@ -103,7 +103,7 @@ def beam_search_step(
     """
     sort_beams_key = create_sort_beams_key_function(length_penalty)
     candidates: list[BeamSearchSequence] = []
-    for beam, logprobs in zip(instance.beams, beam_logprobs, strict=True):
+    for beam, logprobs in zip(instance.beams, beam_logprobs, strict=False):
         if not logprobs:  # nothing came back (vLLM: the request hit max_model_len or was aborted)
             continue
         for token_id, logprob in logprobs.items():

@@ -120,10 +120,10 @@ def train_head(head: EagleHead, lm_weight: torch.Tensor, tokens: torch.Tensor, h
                   f"smooth_l1 {regression.item():.4f} top1 {agreement.item():.3f} "
                   f"{time.perf_counter() - started:.0f}s", flush=True)
     head.eval()
-    means = [sum(values) / len(values) for values in zip(*recent, strict=True)]
+    means = [sum(values) / len(values) for values in zip(*recent, strict=False)]
     return {"train_seconds": round(time.perf_counter() - started, 1),
             **{f"final_train_{name}": round(value, 4)
-               for name, value in zip(("loss", "ce", "smooth_l1", "top1_agreement"), means, strict=True)}}
+               for name, value in zip(("loss", "ce", "smooth_l1", "top1_agreement"), means, strict=False)}}
 
 
 @torch.no_grad()
@@ -136,7 +136,7 @@ def evaluate_teacher_forced(head: EagleHead, lm_weight: torch.Tensor, tokens: to
         for index, value in enumerate(batch):
             totals[index] += value.item() * len(tokens[start: start + 16])
     names = ("loss", "ce", "smooth_l1", "first_draft_top1_agreement")
-    return {f"held_out_{name}": round(total / len(tokens), 4) for name, total in zip(names, totals, strict=True)}
+    return {f"held_out_{name}": round(total / len(tokens), 4) for name, total in zip(names, totals, strict=False)}
 
 
 @torch.no_grad()

@@ -58,7 +58,7 @@ def wall_clock_limits(source: str, positions: dict[str, int] | None = None) -> l
             candidates.append((node.value, f"{node.arg}="))
         elif isinstance(node, ast.arguments):
             defaults = node.defaults[-len(node.args) :] if node.defaults else []
-            for argument, default in zip(node.args[len(node.args) - len(defaults):], defaults, strict=True):
+            for argument, default in zip(node.args[len(node.args) - len(defaults):], defaults, strict=False):
                 if argument.arg in NAMES:
                     candidates.append((default, f"default {argument.arg}="))
         elif isinstance(node, ast.Assign):

@@ -107,7 +107,7 @@ def plan_step(metadata: AttentionMetadata, block_size: int, group_size: int, num
     query_lens = [end - start for start, end in itertools.pairwise(starts)]
     block_table = metadata.block_table.long()
     long_requests = []
-    for req, (start, query_len, seq_len) in enumerate(zip(starts, query_lens, seq_lens, strict=True)):
+    for req, (start, query_len, seq_len) in enumerate(zip(starts, query_lens, seq_lens, strict=False)):
         if query_len > MAX_SHORT_QUERY_LEN:
             mask = (None if query_len == seq_len
                     else additive(causal_mask(query_len, seq_len, block_table.device), dtype))

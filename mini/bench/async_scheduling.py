@@ -66,7 +66,7 @@ def run(num_requests: int = 16, output_len: int = 64, prompt_len: int = 32, roun
     sync_ms, async_ms = statistics.median(per_step["sync"]), statistics.median(per_step["async"])
     return {
         "sync_ms_per_step": sync_ms, "async_ms_per_step": async_ms, "saved_ms_per_step": sync_ms - async_ms,
-        "async_speedup": statistics.median(s / a for s, a in zip(seconds["sync"], seconds["async"], strict=True)),
+        "async_speedup": statistics.median(s / a for s, a in zip(seconds["sync"], seconds["async"], strict=False)),
         "spread_ms_per_step": {mode: (min(v), max(v)) for mode, v in per_step.items()},
         "seconds": seconds, "num_requests": num_requests, "output_len": output_len, "rounds": rounds,
         "multiprocess": multiprocess,

@@ -121,7 +121,7 @@ def make_batch(mix: list[tuple[int, int]], num_heads: int, num_kv_heads: int, he
     random.Random(seed).shuffle(block_ids)
     block_table = torch.zeros(len(mix), max(block_counts), dtype=torch.int32)
     slots = []
-    for row, (seq_len, count) in enumerate(zip(seq_lens, block_counts, strict=True)):
+    for row, (seq_len, count) in enumerate(zip(seq_lens, block_counts, strict=False)):
         block_table[row, :count] = torch.tensor(block_ids[:count])
         block_ids = block_ids[count:]
         positions = torch.arange(seq_len)
@@ -130,7 +130,7 @@ def make_batch(mix: list[tuple[int, int]], num_heads: int, num_kv_heads: int, he
     for _ in range(num_layers):
         kv_cache = torch.zeros(2, sum(block_counts) + 1, block_size, num_kv_heads, head_size, dtype=dtype)
         per_request = []
-        for seq_len, request_slots in zip(seq_lens, slots, strict=True):
+        for seq_len, request_slots in zip(seq_lens, slots, strict=False):
             keys_values = torch.randn(2, seq_len, num_kv_heads, head_size, generator=generator).to(dtype)
             kv_cache[:, request_slots // block_size, request_slots % block_size] = keys_values
             per_request.append(keys_values.transpose(1, 2).contiguous())
@@ -179,7 +179,7 @@ def contiguous_contenders(query: torch.Tensor, metadata, contiguous: list[list[t
     query_lens = [end - start for start, end in itertools.pairwise(starts)]
     seq_lens = metadata.seq_lens.tolist()
     masks = [None if q == s else torch.ones(q, s, dtype=torch.bool).tril(s - q)
-             for q, s in zip(query_lens, seq_lens, strict=True)]
+             for q, s in zip(query_lens, seq_lens, strict=False)]
     # Padded: transformers' layout [B, Hkv, Lmax, D]; query rows padded to the longest; a mask per request.
     longest, widest = max(seq_lens), max(query_lens)
     padded_kv = []
@@ -190,7 +190,7 @@ def contiguous_contenders(query: torch.Tensor, metadata, contiguous: list[list[t
         padded_kv.append(padded)
     padded_mask = torch.zeros(len(seq_lens), widest, longest, dtype=torch.bool)
     padded_rows = []
-    for row, (q, s) in enumerate(zip(query_lens, seq_lens, strict=True)):
+    for row, (q, s) in enumerate(zip(query_lens, seq_lens, strict=False)):
         padded_mask[row, :q, :s] = torch.ones(q, s, dtype=torch.bool).tril(s - q)
         padded_mask[row, q:, 0] = True  # padding query rows see one key (no NaN), and are dropped
         padded_rows += [starts[row] + i for i in range(q)] + [starts[row]] * (widest - q)
@@ -206,7 +206,7 @@ def contiguous_contenders(query: torch.Tensor, metadata, contiguous: list[list[t
         outputs = []
         for layer in contiguous:
             output = torch.empty_like(query)
-            for start, end, kv, mask in zip(starts[:-1], starts[1:], layer, masks, strict=True):
+            for start, end, kv, mask in zip(starts[:-1], starts[1:], layer, masks, strict=False):
                 output[start:end] = sdpa_one_request(query[None, start:end], kv[0][None], kv[1][None],
                                                      None if mask is None else mask[None], scale)[0]
             outputs.append(output)

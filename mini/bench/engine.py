@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(attention backend {llm.llm_engine.model_runner.attention_backend} is "
               f"{baseline_time / mini_time:.2f}x faster; vs transformers {hf_time / baseline_time:.2f}x)")
     print(f"by CPU time: transformers / mini = {statistics.median(cpu['hf']) / statistics.median(cpu['mini']):.2f}")
-    ratios = [hf / mini for hf, mini in zip(wall["hf"], wall["mini"], strict=True)]
+    ratios = [hf / mini for hf, mini in zip(wall["hf"], wall["mini"], strict=False)]
     print(f"speedup per round: {spread(ratios)}")
     print(f"speedup_vs_transformers={hf_time / mini_time:.2f} ceiling_fraction={ceiling_time / mini_time:.2f}")
     return 0

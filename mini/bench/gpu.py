@@ -123,13 +123,13 @@ def _contiguous_sdpa(query, metadata, contiguous, scale):
     for row, kv in enumerate(contiguous):
         keys[row, :, : kv.shape[2]], values[row, :, : kv.shape[2]] = kv[0], kv[1]
     rows = torch.zeros(batch, widest, *query.shape[1:], dtype=query.dtype, device=query.device)
-    for row, (start, q) in enumerate(zip(starts, query_lens, strict=True)):
+    for row, (start, q) in enumerate(zip(starts, query_lens, strict=False)):
         rows[row, :q] = query[start:start + q]
     uniform = len(set(seq_lens)) == 1 and len(set(query_lens)) == 1
     mask = None
     if not uniform or widest not in (1, longest):
         mask = torch.zeros(batch, 1, widest, longest, dtype=torch.bool, device=query.device)
-        for row, (q, s) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        for row, (q, s) in enumerate(zip(query_lens, seq_lens, strict=False)):
             mask[row, 0, :q, :s] = torch.ones(q, s, dtype=torch.bool, device=query.device).tril(s - q)
             mask[row, 0, q:, 0] = True
     is_causal = mask is None and widest == longest and widest > 1

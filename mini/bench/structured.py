@@ -70,7 +70,7 @@ def run_constrained(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[list
 def run_unconstrained(llm: LLM, prompts: list[str], lengths: list[int]) -> float:
     """The same prompts and output lengths without a grammar, through the same step loop."""
     engine = llm.llm_engine
-    for index, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
+    for index, (prompt, length) in enumerate(zip(prompts, lengths, strict=False)):
         engine.add_request(f"u{index}", prompt, SamplingParams(temperature=1.0, seed=index,
                                                                max_tokens=max(1, length), ignore_eos=True))
     start = time.perf_counter()

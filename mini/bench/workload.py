@@ -76,7 +76,7 @@ def run_mini(llm, workload: Workload, record_steps: bool = False) -> tuple[float
 
     remove_observer = engine.add_step_observer(record_inputs) if record_steps else None
     start = time.perf_counter()
-    for index, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
+    for index, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens, strict=False)):
         params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True, detokenize=False)
         engine.add_request(f"bench-{index}-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
     while engine.has_unfinished_requests():

@@ -62,7 +62,7 @@ class LogprobsProcessor:
                 f"new_logprobs must hold one dict per new token: got {len(new_logprobs)} dicts "
                 f"for {len(new_token_ids)} tokens"
             )
-        for token_id, raw in zip(new_token_ids, new_logprobs, strict=True):
+        for token_id, raw in zip(new_token_ids, new_logprobs, strict=False):
             entry = make_logprob_dict(self.tokenizer, raw)
             if token_id not in entry:
                 raise ValueError(f"logprobs for a step must include the sampled token {token_id}")

@@ -100,7 +100,7 @@ class LLM:
         self.request_counter = itertools.count(first_id + len(prompt_list))
         processed = []
         for index, (request_id, prompt, params, prio) in enumerate(
-                zip(request_ids, prompt_list, params_list, priority_list, strict=True)):
+                zip(request_ids, prompt_list, params_list, priority_list, strict=False)):
             if isinstance(params, SamplingParams):
                 # Only the final output is wanted here (vLLM's `_add_request` in vllm/entrypoints/common/offline.py
                 # sets FINAL_ONLY on the caller's object; mini sets it on a shallow copy, the caller's stays).
@@ -111,7 +111,7 @@ class LLM:
             except (ValueError, TypeError) as error:
                 self.request_counter = itertools.count(first_id)   # no id was used
                 raise type(error)(f"prompt {index}: {error}") from None
-        for request_id, request in zip(request_ids, processed, strict=True):
+        for request_id, request in zip(request_ids, processed, strict=False):
             engine.add_request(request_id, request)
         return self._run_engine(request_ids, use_tqdm)
 

@@ -205,7 +205,7 @@ class RejectionSampler(nn.Module):
         `target_logits` [T, V]: the draft positions (`spec.target_logits_indices`); `draft_probs` [T, V] or
         None (one-hot drafts); `metadata`: the step's SamplingMetadata. May edit `logits` in place."""
         outputs = list(metadata.output_token_ids)
-        for row, drafts in zip(spec.rows, spec.draft_token_ids, strict=True):
+        for row, drafts in zip(spec.rows, spec.draft_token_ids, strict=False):
             outputs[row] = outputs_with_drafts(outputs[row], drafts)
         sampler_output = self.sampler(logits, dataclasses.replace(metadata, output_token_ids=outputs))
         target_logits = target_logits.to(torch.float32)
@@ -214,7 +214,7 @@ class RejectionSampler(nn.Module):
             self.target_probs(spec, target_logits, metadata), sampler_output.sampled_token_ids[spec.rows],
             self.rows_are_greedy(metadata, spec.rows, target_logits.device),
             {entry: metadata.generators[row] for entry, row in enumerate(spec.rows) if row in metadata.generators})
-        token_ids = dict(zip(spec.rows, self.parse_output(output), strict=True))
+        token_ids = dict(zip(spec.rows, self.parse_output(output), strict=False))
         return RejectionSamplerOutput(sampler_output, token_ids,
                                       self.emitted_logprobs(spec, target_logits, sampler_output, metadata, token_ids))
 
@@ -233,7 +233,7 @@ class RejectionSampler(nn.Module):
             logits = target_logits.new_zeros(metadata.num_rows, target_logits.shape[1])
             logits[rows] = target_logits[flat]
             outputs = list(metadata.output_token_ids)
-            for entry, row in zip(entries, rows, strict=True):
+            for entry, row in zip(entries, rows, strict=False):
                 outputs[row] = outputs_with_drafts(outputs[row], spec.draft_token_ids[entry][:position])
             position_probs = self.sampler.compute_probs(logits, dataclasses.replace(metadata,
                                                                                     output_token_ids=outputs))
@@ -256,7 +256,7 @@ class RejectionSampler(nn.Module):
             return {}
         bonus = logprobs_to_dicts(sampler_output.logprobs_tensors, metadata.num_logprobs)
         result: dict[int, list[dict[int, float]]] = {}
-        for entry, (row, start) in enumerate(zip(spec.rows, spec.draft_starts, strict=True)):
+        for entry, (row, start) in enumerate(zip(spec.rows, spec.draft_starts, strict=False)):
             wanted = metadata.num_logprobs[row]
             if wanted is None:
                 continue

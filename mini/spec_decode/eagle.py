@@ -52,10 +52,10 @@ def prepare_eagle_inputs(target_token_ids: torch.Tensor, target_positions: torch
     """
     starts = query_start_loc.tolist()
     num_rejected = [drafts + 1 - sampled if drafts > 0 else 0
-                    for drafts, sampled in zip(num_draft_tokens, num_sampled_tokens, strict=True)]
+                    for drafts, sampled in zip(num_draft_tokens, num_sampled_tokens, strict=False)]
     kept_rows: list[int] = []
     last_rows: list[int] = []
-    for start, end, rejected in zip(starts, starts[1:], num_rejected, strict=True):
+    for start, end, rejected in zip(starts, starts[1:], num_rejected, strict=False):
         kept_rows.extend(range(start, end - rejected))
         last_rows.append(len(kept_rows) - 1)
     hidden_indices = torch.tensor(kept_rows, dtype=torch.int64)
@@ -85,16 +85,16 @@ class EagleProposer(ModelDrafterBase):
                    inputs: PreparedInputs, hidden: torch.Tensor) -> FirstPass:
         starts = inputs.query_start_loc.tolist()
         next_token_ids = [new[-1] if new else state.all_token_ids[state.num_computed_tokens + end - start]
-                          for state, new, start, end in zip(states, new_token_ids, starts, starts[1:], strict=True)]
+                          for state, new, start, end in zip(states, new_token_ids, starts, starts[1:], strict=False)]
         input_ids, positions, hidden_indices, last_indices = self.prepare_eagle_inputs(
             inputs.input_ids.cpu(), inputs.positions.cpu(), inputs.query_start_loc.cpu(),
             [len(state.spec_token_ids) for state in states], [len(new) for new in new_token_ids],
             torch.tensor(next_token_ids, dtype=torch.int64))
         last = torch.as_tensor(last_indices, dtype=torch.int64).tolist()
-        counts = [b - a for a, b in zip([-1, *last], last, strict=True)]
+        counts = [b - a for a, b in zip([-1, *last], last, strict=False)]
         positions = torch.as_tensor(positions, dtype=torch.int64)
         firsts = [int(positions[end - count + 1]) if count else state.num_computed_tokens
-                  for state, end, count in zip(states, last, counts, strict=True)]
+                  for state, end, count in zip(states, last, counts, strict=False)]
         batch = self.assemble([int(t) for t in torch.as_tensor(input_ids).tolist()], firsts, counts,
                               inputs.block_table)
         batch.positions = positions.to(self.device)

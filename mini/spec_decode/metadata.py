@@ -38,7 +38,7 @@ class SpecDecodeMetadata:
         drafts = [list(spec_token_ids[row]) for row in rows]
         starts = query_start_loc.tolist()
         bonus_rows = [starts[row + 1] - 1 for row in rows]
-        target = [index for bonus, d in zip(bonus_rows, drafts, strict=True) for index in range(bonus - len(d), bonus)]
+        target = [index for bonus, d in zip(bonus_rows, drafts, strict=False) for index in range(bonus - len(d), bonus)]
         return cls(rows=rows, draft_token_ids=drafts, target_logits_indices=target)
 
     @property

@@ -128,7 +128,7 @@ class ModelDrafterBase:
         hidden_in = hidden[torch.as_tensor(hidden_rows, device=hidden.device)] if self.reads_target_hidden else None
         out = self.forward(batch.input_ids, hidden_in, batch)
         last_indices = batch.logits_indices.tolist()
-        return FirstPass(out, last_indices, [first + count - 1 for first, count in zip(firsts, counts, strict=True)])
+        return FirstPass(out, last_indices, [first + count - 1 for first, count in zip(firsts, counts, strict=False)])
 
     # -------------------------------------------------------------- the shared loop
     @torch.inference_mode()
@@ -172,7 +172,7 @@ class ModelDrafterBase:
             index = torch.as_tensor(active, device=prev_hidden.device)
             new_hidden = self.forward(step.input_ids, prev_hidden[index], step)
             prev_hidden[index] = new_hidden
-            for entry, token in zip(active, self.compute_logits(new_hidden).argmax(dim=-1).tolist(), strict=True):
+            for entry, token in zip(active, self.compute_logits(new_hidden).argmax(dim=-1).tolist(), strict=False):
                 drafts[drafting[entry]].append(int(token))
         return drafts
 

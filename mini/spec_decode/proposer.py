@@ -43,10 +43,10 @@ class NgramDrafter:
                 inputs: PreparedInputs, hidden: torch.Tensor) -> list[list[int]]:
         drafting = [row for row, (new,
                                   partial) in enumerate(zip(new_token_ids, is_partial,
-                                                            strict=True)) if new and not partial]
+                                                            strict=False)) if new and not partial]
         drafts: list[list[int]] = [[] for _ in states]
         for row, proposal in zip(drafting,
-                                 self.proposer.propose([states[row].all_token_ids for row in drafting]), strict=True):
+                                 self.proposer.propose([states[row].all_token_ids for row in drafting]), strict=False):
             drafts[row] = proposal
         return drafts
 

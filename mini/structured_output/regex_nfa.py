@@ -44,7 +44,7 @@ def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
                     break
         else:
             start, end = chr(lo).encode(), chr(hi).encode()
-            out.append(list(zip(start, end, strict=True)))
+            out.append(list(zip(start, end, strict=False)))
     return out
 
 

@@ -168,7 +168,7 @@ class ModelRunner:
             to_add.append(state)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=False
         ):
             state = self.requests.get(req_id)
             if state is None:
@@ -218,7 +218,7 @@ class ModelRunner:
         # Each row's sequence length, and the two maxima, from the host's lists: reading them from the device
         # tensors (`.tolist()`, `int(t.max())`) would make the CPU wait for the GPU. vLLM keeps them on its
         # CPU-side arrays too.
-        seq_lens = [start + count for start, count in zip(computed, scheduled, strict=True)]
+        seq_lens = [start + count for start, count in zip(computed, scheduled, strict=False)]
         if "build_attention_metadata" in self.replaced_parts:  # a course exercise's builder reads its own maxima
             return inputs, self.build_attention_metadata(inputs), seq_lens
         metadata = self.build_attention_metadata(inputs, max_query_len=max(scheduled), max_seq_len=max(seq_lens))
@@ -244,7 +244,7 @@ class ModelRunner:
 
         # Mid-prefill rows: the sample is thrown away, so rewind their seeded generators afterwards (as vLLM
         # rewinds the generators of the requests whose sample it discards).
-        is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens, strict=True)]
+        is_partial = [seq_len < state.num_tokens for state, seq_len in zip(states, seq_lens, strict=False)]
         saved = {row: states[row].generator.get_state() for row in range(len(states))
                  if is_partial[row] and states[row].generator is not None}
         if grammar_output is not None:  # structured output: mask the logits first (raw logprobs included)
@@ -309,7 +309,7 @@ class ModelRunner:
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
         cached = self._sampling_metadata_cache
         if cached is not None and len(cached[0]) == len(states) and all(
-                a is b for a, b in zip(cached[0], states, strict=True)):
+                a is b for a, b in zip(cached[0], states, strict=False)):
             return cached[1]
         metadata = self._build_sampling_metadata(states)
         self._sampling_metadata_cache = (list(states), metadata)
@@ -334,7 +334,7 @@ class ModelRunner:
         wanted = [state.sampling_params.logprobs for state in states]
         dicts = logprobs_to_dicts(tensors, wanted)
         return [None if want is None else ([] if partial else [entry])
-                for want, partial, entry in zip(wanted, is_partial, dicts, strict=True)]
+                for want, partial, entry in zip(wanted, is_partial, dicts, strict=False)]
 
     def _prompt_logprobs(self, states, hidden, inputs) -> dict[str, list[dict[int, float] | None]]:
         """For requests asking `prompt_logprobs`: logprob of each prompt token given the ones before it."""

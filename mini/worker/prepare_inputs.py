@@ -127,7 +127,7 @@ def prepare_inputs(
     _check_inputs(token_ids, num_computed_tokens, num_scheduled_tokens, block_ids, block_size)
     input_ids = [
         token
-        for tokens, start, count in zip(token_ids, num_computed_tokens, num_scheduled_tokens, strict=True)
+        for tokens, start, count in zip(token_ids, num_computed_tokens, num_scheduled_tokens, strict=False)
         for token in tokens[start : start + count]
     ]
     return assemble_inputs(input_ids, num_computed_tokens, num_scheduled_tokens, make_block_table(block_ids),
@@ -152,7 +152,7 @@ def assemble_inputs(input_ids: Sequence[int], num_computed_tokens: Sequence[int]
     slot_mapping = compute_slot_mapping(block_table, req_indices, positions, block_size)
     seq_lens = torch.as_tensor(
         [start + count for start, count in zip(num_computed_tokens, num_scheduled_tokens,
-                                               strict=True)], dtype=torch.int32
+                                               strict=False)], dtype=torch.int32
     )
     return PreparedInputs(
         input_ids=torch.as_tensor(input_ids, dtype=torch.int64),
@@ -174,7 +174,7 @@ def _check_inputs(token_ids, num_computed_tokens, num_scheduled_tokens, block_id
         if len(values) != num_reqs:
             raise ValueError(f"{name} must have one entry per request ({num_reqs}), got {len(values)}")
     for req, (tokens, start, count, blocks) in enumerate(
-        zip(token_ids, num_computed_tokens, num_scheduled_tokens, block_ids, strict=True)
+        zip(token_ids, num_computed_tokens, num_scheduled_tokens, block_ids, strict=False)
     ):
         if start < 0 or count < 1 or start + count > len(tokens):
             raise ValueError(

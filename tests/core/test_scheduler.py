@@ -69,7 +69,7 @@ class FakeRunner:
                                        "block_ids": list(new.block_ids), "computed": new.num_computed_tokens}
         cached = out.scheduled_cached_reqs
         for req_id, new_ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,
-                                             strict=True):
+                                             strict=False):
             state = self.states[req_id]
             assert state["computed"] == computed
             state["block_ids"].extend(new_ids)

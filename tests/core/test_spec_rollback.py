@@ -51,7 +51,7 @@ class SpecFakeRunner(FakeRunner):
                                        "block_ids": list(new.block_ids), "computed": new.num_computed_tokens}
         cached = out.scheduled_cached_reqs
         for req_id, new_ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,
-                                             strict=True):
+                                             strict=False):
             state = self.states[req_id]
             state["computed"] = computed           # rolled back by the scheduler after rejections
             state["block_ids"].extend(new_ids)

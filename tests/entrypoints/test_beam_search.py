@@ -67,11 +67,11 @@ def test_same_beams_and_scores_as_transformers_without_eos(llm, hf_model, beam_w
     params = BeamSearchParams(beam_width=beam_width, max_tokens=MAX_TOKENS, length_penalty=length_penalty)
     outputs = llm.beam_search([{"prompt_token_ids": p} for p in PROMPTS], params)
     assert len(outputs) == len(PROMPTS)
-    for prompt, output in zip(PROMPTS, outputs, strict=True):
+    for prompt, output in zip(PROMPTS, outputs, strict=False):
         hf_sequences, hf_scores = transformers_beam_search(hf_model, prompt, beam_width, length_penalty,
                                                            early_stopping)
         assert [seq.tokens for seq in output.sequences] == hf_sequences
-        for seq, hf_score in zip(output.sequences, hf_scores, strict=True):
+        for seq, hf_score in zip(output.sequences, hf_scores, strict=False):
             assert seq.finish_reason == "length" and seq.text is None and len(seq.logprobs) == MAX_TOKENS
             assert seq.cum_logprob == pytest.approx(hf_score * MAX_TOKENS**length_penalty, abs=1e-4)
             assert get_beam_search_score(len(seq.logprobs), seq.cum_logprob, length_penalty) == pytest.approx(
@@ -92,7 +92,7 @@ def vllm_beam_search_reference(model, prompt, beam_width, max_tokens, eos, lengt
             with torch.inference_mode():
                 logprobs = torch.log_softmax(model(torch.tensor([tokens])).logits[0, -1].float(), dim=-1)
             top = torch.topk(logprobs, 2 * beam_width)
-            for logprob, token in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            for logprob, token in zip(top.values.tolist(), top.indices.tolist(), strict=False):
                 (completed if token == eos else candidates).append((tokens + [token], cum + logprob))
         beams = sorted(candidates, key=score, reverse=True)[:beam_width]
     return sorted(completed + beams, key=score, reverse=True)[:beam_width]

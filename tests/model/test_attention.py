@@ -23,7 +23,7 @@ def build_case(seq_lens, query_lens, block_size, num_heads, seed=0, num_blocks=6
         block_ids.append(perm[:count])
         perm = perm[count:]
     tokens = [list(range(n)) for n in seq_lens]
-    computed = [n - q for n, q in zip(seq_lens, query_lens, strict=True)]
+    computed = [n - q for n, q in zip(seq_lens, query_lens, strict=False)]
     everything = prepare_inputs(tokens, [0] * len(seq_lens), list(seq_lens), block_ids, block_size)
     inputs = prepare_inputs(tokens, computed, list(query_lens), block_ids, block_size)
     total = sum(seq_lens)
@@ -43,7 +43,7 @@ def build_case(seq_lens, query_lens, block_size, num_heads, seed=0, num_blocks=6
 def sdpa_reference(query, keys, values, seq_lens, query_lens, kv_starts, scale):
     outs = []
     q_start = 0
-    for seq_len, q_len, kv_start in zip(seq_lens, query_lens, kv_starts, strict=True):
+    for seq_len, q_len, kv_start in zip(seq_lens, query_lens, kv_starts, strict=False):
         q = query[q_start:q_start + q_len].transpose(0, 1)  # [H, q, D]
         group = q.shape[0] // NUM_KV_HEADS
         k = keys[kv_start:kv_start + seq_len].transpose(0, 1).repeat_interleave(group, 0)

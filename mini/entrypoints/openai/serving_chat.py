@@ -48,7 +48,7 @@ def chat_logprobs(logprobs: SampleLogprobs, token_ids: list[int], tokenizer: Any
         return tokenizer.decode([tid]) if tokenizer is not None else f"token_id:{tid}"
 
     content = []
-    for token_id, candidates in zip(token_ids, logprobs, strict=True):
+    for token_id, candidates in zip(token_ids, logprobs, strict=False):
         sampled = candidates.get(token_id)
         token = text_of(token_id, sampled)
         ranked = sorted(candidates.items(), key=lambda item: -item[1].logprob)[:top_n]

@@ -36,7 +36,7 @@ def completion_logprobs(logprobs: SampleLogprobs, token_ids: list[int], tokenize
     """vLLM's per-token logprobs -> OpenAI's completion layout (tokens, token_logprobs, top_logprobs, offsets)."""
     result = CompletionLogProbs()
     offset = text_offset_start
-    for token_id, candidates in zip(token_ids, logprobs, strict=True):
+    for token_id, candidates in zip(token_ids, logprobs, strict=False):
         def text_of(tid: int, entry: Any) -> str:
             if entry is not None and entry.decoded_token is not None:
                 return entry.decoded_token

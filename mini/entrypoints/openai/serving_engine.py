@@ -141,7 +141,7 @@ class OpenAIServing:
             if isinstance(error, (ValueError, TypeError)):
                 raise OpenAIError(str(error)) from error
             raise
-        return list(zip(firsts, streams, strict=True))
+        return list(zip(firsts, streams, strict=False))
 
     @staticmethod
     async def with_first(first: RequestOutput, rest: AsyncGenerator[RequestOutput, None]

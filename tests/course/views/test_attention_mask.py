@@ -45,7 +45,7 @@ def test_worked_example():
 def _metadata(block_ids, computed, scheduled, block_size) -> AttentionMetadata:
     inputs = prep.prepare_inputs(
         [list(range(c + s)) for c, s in zip(computed, scheduled,
-                                            strict=True)], computed, scheduled, block_ids, block_size
+                                            strict=False)], computed, scheduled, block_ids, block_size
     )
     return AttentionMetadata(
         len(inputs.input_ids),

@@ -318,7 +318,7 @@ def test_another_valid_condense_passes():
         size = len(self.req_id_to_index)
         holes = [row for row in range(size) if self.req_ids[row] is None]
         beyond = [row for row in range(size, len(self.req_ids)) if self.req_ids[row] is not None]
-        for hole, source in zip(holes, beyond, strict=True):
+        for hole, source in zip(holes, beyond, strict=False):
             req_id = self.req_ids[source]
             self.req_ids[hole], self.requests[hole] = req_id, self.requests[source]
             self.req_ids[source], self.requests[source] = None, None
