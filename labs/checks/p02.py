@@ -366,8 +366,8 @@ def expect_same_tokens(mine: Any, expected: Any, label: str) -> None:
     for req_id, want in expected.items():
         want, have = list(want), list(mine.get(req_id, []))
         if want != have:
-            position = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), min(len(want),
-                                                                                                         len(have)))
+            position = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b),
+                            min(len(want), len(have)))
             raise AssertionError(
                 f"{label}: {req_id} generated different tokens from token {position} on; expected {want}, "
                 f"got {have}") from None
@@ -384,8 +384,8 @@ def expect_same_slot_mappings(mine: Any, reference_run: Any) -> None:
     have_steps = [s.batch.slot_mapping for s in mine.snapshots[1:]]
     for step, (want, have) in enumerate(zip(want_steps, have_steps, strict=False), start=1):
         if want != have:
-            row = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), min(len(want),
-                                                                                                    len(have)))
+            row = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b),
+                       min(len(want), len(have)))
             raise AssertionError(
                 f"engine step {step}: slot_mapping differs from flat row {row} on; expected {want}, got {have}"
             ) from None

@@ -567,8 +567,8 @@ def record_scheduler_outputs(workload: dict[str, Any]) -> tuple[Any, list[tuple[
         scheduling_policy=workload.get("policy", "fcfs"),
     )
     scheduler = Scheduler(config, KVCacheManager(workload["num_blocks"], workload["block_size"]))
-    pending = {f"r{i}": (p, n) for i, (p,
-                                       n) in enumerate(zip(workload["prompts"], workload["max_tokens"], strict=False))}
+    pairs = zip(workload["prompts"], workload["max_tokens"], strict=False)
+    pending = {f"r{i}": (p, n) for i, (p, n) in enumerate(pairs)}
     steps: list[tuple[Any, dict[str, list[int]]]] = []
     for step in range(200):
         for req_id in [r for r in pending if workload["late"].get(r, 0) <= step]:

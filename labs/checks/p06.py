@@ -876,8 +876,8 @@ def check_beam_search_step(beam_search_step: Callable, seeds: Iterable[int] = ra
             have = [_beam_row(b, lp) for b in getattr(instance, name)]
             if want == have:
                 continue
-            position = next((k for k, (w, h) in enumerate(zip(want, have, strict=False)) if w != h), min(len(want),
-                                                                                                         len(have)))
+            position = next((k for k, (w, h) in enumerate(zip(want, have, strict=False)) if w != h),
+                            min(len(want), len(have)))
             hint = ("every (live beam, token of its logprobs dict) pair is a candidate, with cum_logprob + that "
                     "logprob; rank by score = cum_logprob / max(generated, 1) ** length_penalty (generated: the "
                     "beam's generated tokens, a final EOS included, NOT the prompt) and keep the best "

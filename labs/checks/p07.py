@@ -151,8 +151,8 @@ def check_online_softmax_update(online_softmax_update: Callable, seeds: Iterable
                 elif nan_rows.any():
                     hint = ("nan in a row whose scores are all -inf so far (masked): such a row has max -inf, and "
                             "exp(-inf - (-inf)) is nan; it must keep max -inf, sum 0 and acc 0")
-                elif what == "new_max" and torch.equal(value,
-                                                       torch.full_like(value, float(value.max()))) and group > 1 \
+                elif what == "new_max" and torch.equal(value, torch.full_like(value, float(value.max()))) \
+                        and group > 1 \
                         and not torch.equal(expected, torch.full_like(expected, float(expected.max()))):
                     hint = ("every row got the same max: the max is taken per query row (over the tile's columns), "
                             "never across rows")

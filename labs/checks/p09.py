@@ -694,8 +694,8 @@ def _explain_min_tokens(requests: list[FakeRequest], row: int, token: int, logit
 
         held = [r for r, request in enumerate(requests) if request.params.min_tokens > len(request.output_token_ids)]
         eos_of = {r: set(requests[r].params.all_stop_token_ids) - set(requests[r].params.stop_token_ids) for r in held}
-        forgot_eos = any(requests[r].params.stop_token_ids and all(masked(r,
-                                                                          t) for t in requests[r].params.stop_token_ids)
+        forgot_eos = any(requests[r].params.stop_token_ids
+                         and all(masked(r, t) for t in requests[r].params.stop_token_ids)
                          and not all(masked(r, t) for t in eos_of[r]) for r in held)
         knows_eos = any(eos_of[r] and all(masked(r, t) for t in eos_of[r]) for r in held)
         explicit = list(params.stop_token_ids)
@@ -888,8 +888,8 @@ def _check_condensed(batch: InputBatch, inputs: dict[str, Any], before: list[Any
                          "stay put; only the requests beyond the new end move, one move per hole", )
     states = _names(batch.requests)
     if states != rows:
-        row = next((i for i, (a, b) in enumerate(zip(rows, states, strict=False)) if a != b), min(len(rows),
-                                                                                                  len(states)))
+        row = next((i for i, (a, b) in enumerate(zip(rows, states, strict=False)) if a != b),
+                   min(len(rows), len(states)))
         expect_equal(f"condense: self.requests at row {row}", inputs, rows, states,
                      f"row {row}: req_ids says {rows[row] if row < len(rows) else 'nothing'!r} but requests holds "
                      f"{states[row] if row < len(states) else 'nothing'!r}: move both lists together (and drop "

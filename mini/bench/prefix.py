@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
               f"(rounds {_spread(throughputs)}), hit rate {last['hit_rate']:.2f}, "
               f"cached prompt tokens {last['cached_tokens']}")
     ttft_ratios = [off["ttft"] / on["ttft"] for off, on in zip(rounds[False], rounds[True], strict=False)]
-    throughput_ratios = [on["throughput"] / off["throughput"] for off, on in zip(rounds[False], rounds[True],
-                                                                                 strict=False)]
+    throughput_ratios = [on["throughput"] / off["throughput"]
+                         for off, on in zip(rounds[False], rounds[True], strict=False)]
     print(f"per-round speedups (off/on, paired rounds): TTFT {_spread(ttft_ratios)}, "
           f"throughput {_spread(throughput_ratios)}")
     summary = {

@@ -3,9 +3,9 @@
 Mirrors vllm/v1/engine/llm_engine.py (LLMEngine). The engine is two halves, as vLLM's:
 
     front end (this file)   InputProcessor.process      text -> token ids, validation
-    (vllm/v1/engine/input_processor.py)
+                                                        (vllm/v1/engine/input_processor.py)
                             OutputProcessor             detokenize, stop strings, RequestOutput
-                            (.../output_processor.py)
+                                                        (vllm/v1/engine/output_processor.py)
     engine core             EngineCore (mini/engine/core.py): Scheduler.schedule -> Executor.execute_model ->
                             Scheduler.update_from_output, token ids in and out (vllm/v1/engine/core.py)
 

@@ -70,8 +70,8 @@ def test_kernels_compile_for_h100_without_spills():
     repo_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, "-c",
-         COMPILE_SCRIPT], check=False, capture_output=True, text=True, env=env, timeout=RUN_GUARD_S
+        [sys.executable, "-c", COMPILE_SCRIPT],
+        check=False, capture_output=True, text=True, env=env, timeout=RUN_GUARD_S
     )
     if result.returncode != 0 and "cuobjdump" in result.stderr and "No such file" in result.stderr:
         pytest.skip("this Triton build ships no NVIDIA tools (ptxas/cuobjdump)")

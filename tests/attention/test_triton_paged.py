@@ -47,8 +47,8 @@ def make_batch(
     block_table = torch.zeros(len(seq_lens), max(blocks_per_request), dtype=torch.int32)
     kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_size, generator=generator)
     slots = []
-    for row, (seq_len, query_len,
-              num_req_blocks) in enumerate(zip(seq_lens, query_lens, blocks_per_request, strict=False)):
+    rows = zip(seq_lens, query_lens, blocks_per_request, strict=False)
+    for row, (seq_len, query_len, num_req_blocks) in enumerate(rows):
         block_ids = [shuffled.pop() for _ in range(num_req_blocks)]
         block_table[row, :num_req_blocks] = torch.tensor(block_ids, dtype=torch.int32)
         for position in range(seq_len - query_len, seq_len):

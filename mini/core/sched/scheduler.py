@@ -265,7 +265,7 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         self.waiting.prepend_request(request)
 
-    def schedule(self) -> SchedulerOutput:  # noqa: C901 - vLLM's Scheduler.schedule is one function by design; mirrored
+    def schedule(self) -> SchedulerOutput:  # noqa: C901 - mirrors vLLM's one-function schedule()
         """One scheduling decision (the scheduler role's policy step): running requests first, then waiting
         ones while nobody was preempted (module docstring).
 

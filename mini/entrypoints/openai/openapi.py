@@ -122,8 +122,8 @@ def build_openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
     if secured:
         # ErrorResponse is in the components already: the POST routes declare their 400 with it.
-        document.setdefault("components",
-                            {})["securitySchemes"] = {SECURITY_SCHEME: {"type": "http", "scheme": "bearer"}}
+        components = document.setdefault("components", {})
+        components["securitySchemes"] = {SECURITY_SCHEME: {"type": "http", "scheme": "bearer"}}
     return document
 
 
