@@ -48,6 +48,7 @@ time; the OpenAI server streams internally with DELTA for that reason.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import logging
@@ -180,7 +181,7 @@ class InprocEngineCore:
 
 
 # ---------------------------------------------------------------------------- the engine
-class AsyncLLM:
+class AsyncLLM(abc.ABC):  # noqa: B024 - an ABC for `AsyncLLM.register(MPAsyncLLM)`: isinstance holds for both
     """`generate()` is an async stream per request. `AsyncLLM(config)` in multiprocess mode (the default) is an
     `MPAsyncLLM` (mini/engine/async_llm_mp.py: AsyncMPClient + output-handler task, vLLM's design); in process
     (`MINI_ENABLE_V1_MULTIPROCESSING=0`, or `AsyncLLM(engine=an LLMEngine)`) an `LLMEngine` driven by a
