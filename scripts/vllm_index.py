@@ -8,7 +8,7 @@ Maintainers only; nothing at run time or in the tests downloads anything. Usage:
     python scripts/vllm_index.py                 # downloads the sdist once (pip download), then indexes it
     python scripts/vllm_index.py --source DIR    # index an unpacked tree (DIR holds vllm/)
     python scripts/vllm_index.py --keep DIR      # also leave the unpacked tree in DIR: set MINI_VLLM_SOURCE=DIR
-                                                 # to run tests/test_course_vllm_answers_*.py (vLLM's own code
+                                                 # to run tests/course/vllm_answers/ (vLLM's own code
                                                  # through the lab checks; they skip without it)
 
 `tests/test_vllm_citations.py` reads the index (`tests/data/vllm_index.json.gz`) to check every `vllm/...`
