@@ -48,6 +48,10 @@ def execute(source: Path, out: Path) -> None:
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
+    # Figures drawn inline, as in JupyterLab, whatever backend the builder's environment names (an
+    # MPLBACKEND=Agg inherited by the kernel would draw every figure nowhere).
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+
     notebook = nbformat.read(source, as_version=4)
     head = copy.deepcopy(notebook)
     head.cells = notebook.cells[:lab_index(notebook)]

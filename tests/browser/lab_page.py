@@ -261,7 +261,13 @@ class NotebookPage:
             # On a busy machine JupyterLab can take its own earlier write for a change on disk and ask
             # "File Changed: overwrite or revert?": the page's copy is the one under test, so overwrite.
             self.press_dialog_button("overwrite")
-            return target.stat().st_mtime_ns != before
+            if target.stat().st_mtime_ns == before:
+                return False
+            try:  # the new mtime comes with the write's start: wait until the whole notebook is there
+                nbformat.read(str(target), as_version=4)
+            except (ValueError, OSError):
+                return False
+            return True
 
         wait_for(saved, HANG_GUARD_S, f"{self.path} to be saved (dialog: {self.dialog_text()!r})")
         return nbformat.read(str(target), as_version=4)

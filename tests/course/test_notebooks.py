@@ -25,7 +25,7 @@ import pytest
 from labs.course.notebook_format import read_notebook, write_normalized
 from labs.course.release import REPO_ROOT, list_assignments, write_release
 
-RUNNER = Path(__file__).resolve().parent / "tests/course/learner_kernel.py"
+RUNNER = Path(__file__).resolve().parent / "learner_kernel.py"
 # What a learner's shell passes on; nothing of the suite's (MINI_*, PYTEST_*, PYTHONPATH, OMP_NUM_THREADS,
 # HF_HUB_OFFLINE, TOKENIZERS_PARALLELISM, MPLBACKEND ...).
 LEARNER_VARIABLES = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "SHELL", "VIRTUAL_ENV")

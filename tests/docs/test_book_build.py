@@ -21,7 +21,10 @@ EXECUTED = "01"
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("book") / "site"
-    build(out, execute=EXECUTED, cache_dir=out.parent / "cache", log=lambda line: None)
+    # Built with MPLBACKEND=Agg in the environment, as a test process may have it: the kernel still draws inline.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MPLBACKEND", "Agg")
+        build(out, execute=EXECUTED, cache_dir=out.parent / "cache", log=lambda line: None)
     return out
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
+import matplotlib
 import pytest
 
-os.environ.setdefault("MPLBACKEND", "Agg")
-
 from mini.config import SHIPPED_MODEL_DIR
+
+matplotlib.use("Agg")  # this process only: an MPLBACKEND set here would reach every kernel the suite starts
 
 pytestmark = pytest.mark.skipif(not (SHIPPED_MODEL_DIR / "config.json").exists(), reason="no shipped model")
 pytestmark = [pytestmark, pytest.mark.inprocess_engine]  # it looks inside the engine: in-process engines
