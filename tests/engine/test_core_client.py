@@ -19,12 +19,12 @@ from mini.engine.core_client import (
     AsyncMPClient,
     EngineCoreClient,
     InprocClient,
-    _check_picklable,
     multiprocessing_enabled,
 )
 from mini.engine.exceptions import EngineDeadError
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
+from mini.engine.utils import _check_picklable
 from mini.roles import choose
 from mini.sampling_params import RequestOutputKind
 from mini.tokenizer import load_tokenizer
@@ -68,15 +68,15 @@ def test_the_core_keeps_a_thread_for_a_front_end_that_works_while_it_steps(monke
     the front end (at least 1 for the core)."""
     import torch
 
-    from mini.engine import core_client
+    from mini.engine import utils as engine_utils
 
-    monkeypatch.delenv(core_client.ENV_CORE_THREADS, raising=False)
+    monkeypatch.delenv(engine_utils.ENV_CORE_THREADS, raising=False)
     threads = torch.get_num_threads()
-    assert core_client._torch_threads(0) == threads
-    assert core_client._torch_threads(1) == max(1, threads - 1)
+    assert engine_utils._torch_threads(0) == threads
+    assert engine_utils._torch_threads(1) == max(1, threads - 1)
     asked: list[int] = []
-    real = core_client._torch_threads
-    monkeypatch.setattr(core_client, "_torch_threads", lambda keep=1: asked.append(keep) or real(keep))
+    real = engine_utils._torch_threads
+    monkeypatch.setattr(engine_utils, "_torch_threads", lambda keep=1: asked.append(keep) or real(keep))
     for asyncio_mode in (False, True):
         EngineCoreClient.make_client(True, asyncio_mode, CONFIG).shutdown()
     assert asked == [0, 1]
@@ -84,7 +84,7 @@ def test_the_core_keeps_a_thread_for_a_front_end_that_works_while_it_steps(monke
     EngineCoreClient.make_client(True, False, EngineConfig(num_gpu_blocks_override=64, max_num_seqs=4,
                                                            async_scheduling=True)).shutdown()
     assert asked == [0, 1, 0]
-    monkeypatch.setenv(core_client.ENV_CORE_THREADS, "3")
+    monkeypatch.setenv(engine_utils.ENV_CORE_THREADS, "3")
     assert real(0) == real(1) == 3
 
 
