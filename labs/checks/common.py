@@ -6,25 +6,33 @@ minimal counterexample (inputs, expected, got, hint) at the first mismatch. A le
 NotImplementedError: `calling()` turns that into NotImplementedYet("... not implemented yet ..."); any other
 exception becomes an AssertionError with the same counterexample shape (the call, inputs, what the
 reference returns, a hint).
+
+What several phases' checks share lives here too, so that no pNN.py imports another: phase 02's worked example
+and step cases (phase 04 reuses them), `expect_same_tokens` (the "Plug it in" cells of phases 02-05, which import
+it from their own phase's module), `first_difference` (where two values differ, as a message) and
+`first_differing_entry` (the (row, column) of two [N, V] tensors, phases 08 and 09).
 """
 
 from __future__ import annotations
 
 import pprint
+import random
 import sysconfig
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import torch
 from torch.overrides import TorchFunctionMode
 
 from labs.course.answers import NotImplementedYet
 
 __all__ = [
     "CountTorchCalls", "NotImplementedYet", "calling", "counterexample", "describe_difference", "expect_equal",
-    "expect_same", "expect_same_outputs", "expect_same_steps", "first_difference", "passed",
+    "expect_same", "expect_same_outputs", "expect_same_steps", "expect_same_tokens", "first_difference",
+    "first_differing_entry", "passed", "random_step", "step_cases", "WORKED_EXAMPLE",
 ]
 
 _MAX_REPR = 600
@@ -437,3 +445,87 @@ class CountTorchCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.count += 1
         return func(*args, **(kwargs or {}))
+
+
+# ---- shared by several phases' checks (phase 02's worked example and steps feed phase 04's; the "Plug it in"
+# cells of phases 02-05 compare tokens with expect_same_tokens; phases 08 and 09 locate a wrong logit)
+WORKED_EXAMPLE = {
+    "token_ids": [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]],
+    "block_ids": [[1, 2], [3, 4], [5]],
+    "block_size": 4,
+}
+
+
+def random_step(rng: random.Random, max_token_id: int = 1000) -> dict[str, Any]:
+    """A random step: each request has some tokens cached and schedules a few more (decode = 1)."""
+    block_size = rng.choice([1, 2, 4, 8, 16])
+    num_reqs = rng.randint(1, 5)
+    free_ids = list(range(1, 256))
+    rng.shuffle(free_ids)
+    token_ids, computed, scheduled, block_ids = [], [], [], []
+    for _ in range(num_reqs):
+        total = rng.randint(1, 40)
+        num_scheduled = 1 if rng.random() < 0.4 else rng.randint(1, total)
+        # a chunked prefill: the request's token list (its whole prompt) runs past this step's chunk
+        not_yet = rng.randint(1, 12) if rng.random() < 0.3 else 0
+        token_ids.append([rng.randrange(max_token_id) for _ in range(total + not_yet)])
+        computed.append(total - num_scheduled)
+        scheduled.append(num_scheduled)
+        num_blocks = -(-total // block_size)
+        block_ids.append([free_ids.pop() for _ in range(num_blocks)])
+    return {
+        "token_ids": token_ids,
+        "num_computed_tokens": computed,
+        "num_scheduled_tokens": scheduled,
+        "block_ids": block_ids,
+        "block_size": block_size,
+    }
+
+
+def step_cases(seeds: Iterable[int], max_token_id: int = 1000) -> list[dict[str, Any]]:
+    """The worked example's prefill and decode steps, then one random step per seed."""
+    prefill = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [5, 7, 3]}
+    decode = {
+        "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
+        "block_ids": [[1, 2], [3, 4], [5]],
+        "block_size": 4,
+        "num_computed_tokens": [5, 7, 3],
+        "num_scheduled_tokens": [1, 1, 1],
+    }
+    chunked = {  # a 12-token prompt computed 4 at a time (its 2nd chunk) next to a decode: token_ids is longer
+        "token_ids": [[(7 * i + 3) % max_token_id for i in range(12)], [1, 12, 13, 14]],
+        "block_ids": [[6, 2, 9], [5]],
+        "block_size": 4,
+        "num_computed_tokens": [4, 3],
+        "num_scheduled_tokens": [4, 1],
+    }
+    return [prefill, decode, chunked, *(random_step(random.Random(seed), max_token_id) for seed in seeds)]
+
+
+def first_differing_entry(expected: torch.Tensor, got: torch.Tensor) -> tuple[int, int] | None:
+    """(row, column) of the first entry where two [N, V] tensors differ (-inf == -inf, NaN == NaN), or None:
+    the coordinates, for a check that words its own message (`first_difference` writes the message)."""
+    same = (expected == got) | (torch.isnan(expected) & torch.isnan(got))
+    wrong = (~same).nonzero()
+    return None if wrong.numel() == 0 else (int(wrong[0, 0]), int(wrong[0, 1]))
+
+
+def expect_same_tokens(mine: Any, expected: Any, label: str) -> None:
+    """Raise at the first request whose generated tokens differ, naming it and the first differing token.
+    `mine` and `expected`: lists of token lists (request i is the i-th prompt) or dicts request id -> tokens."""
+    __tracebackhide__ = True
+    if not isinstance(expected, dict):
+        expected = {f"prompt {i}": list(tokens) for i, tokens in enumerate(expected)}
+    if not isinstance(mine, dict):
+        mine = {f"prompt {i}": list(tokens) for i, tokens in enumerate(mine)}
+    for req_id, want in expected.items():
+        want, have = list(want), list(mine.get(req_id, []))
+        if want != have:
+            position = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b),
+                            min(len(want), len(have)))
+            raise AssertionError(
+                f"{label}: {req_id} generated different tokens from token {position} on; expected {want}, "
+                f"got {have}") from None
+    extra = sorted(set(mine) - set(expected))
+    if extra:
+        raise AssertionError(f"{label}: outputs for {extra}, which the reference run does not have") from None

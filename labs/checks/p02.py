@@ -27,70 +27,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import random
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from labs.checks.common import _ENGINE_DIR, _LABS_DIR, _LIBRARY_DIRS, calling, expect_equal, passed
+from labs.checks.common import (  # expect_same_tokens: the plug cells of phases 02-04 import it from here
+    _ENGINE_DIR,
+    _LABS_DIR,
+    _LIBRARY_DIRS,
+    calling,
+    expect_equal,
+    expect_same_tokens,  # noqa: F401
+    passed,
+    step_cases,
+)
 from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.worker import prepare_inputs as reference
-
-WORKED_EXAMPLE = {
-    "token_ids": [[1, 2, 3, 4, 5], [1, 6, 5, 7, 8, 9, 10], [1, 12, 13]],
-    "block_ids": [[1, 2], [3, 4], [5]],
-    "block_size": 4,
-}
-
-
-def random_step(rng: random.Random, max_token_id: int = 1000) -> dict[str, Any]:
-    """A random step: each request has some tokens cached and schedules a few more (decode = 1)."""
-    block_size = rng.choice([1, 2, 4, 8, 16])
-    num_reqs = rng.randint(1, 5)
-    free_ids = list(range(1, 256))
-    rng.shuffle(free_ids)
-    token_ids, computed, scheduled, block_ids = [], [], [], []
-    for _ in range(num_reqs):
-        total = rng.randint(1, 40)
-        num_scheduled = 1 if rng.random() < 0.4 else rng.randint(1, total)
-        # a chunked prefill: the request's token list (its whole prompt) runs past this step's chunk
-        not_yet = rng.randint(1, 12) if rng.random() < 0.3 else 0
-        token_ids.append([rng.randrange(max_token_id) for _ in range(total + not_yet)])
-        computed.append(total - num_scheduled)
-        scheduled.append(num_scheduled)
-        num_blocks = -(-total // block_size)
-        block_ids.append([free_ids.pop() for _ in range(num_blocks)])
-    return {
-        "token_ids": token_ids,
-        "num_computed_tokens": computed,
-        "num_scheduled_tokens": scheduled,
-        "block_ids": block_ids,
-        "block_size": block_size,
-    }
-
-
-def step_cases(seeds: Iterable[int], max_token_id: int = 1000) -> list[dict[str, Any]]:
-    """The worked example's prefill and decode steps, then one random step per seed."""
-    prefill = {**WORKED_EXAMPLE, "num_computed_tokens": [0, 0, 0], "num_scheduled_tokens": [5, 7, 3]}
-    decode = {
-        "token_ids": [t + [99] for t in WORKED_EXAMPLE["token_ids"]],
-        "block_ids": [[1, 2], [3, 4], [5]],
-        "block_size": 4,
-        "num_computed_tokens": [5, 7, 3],
-        "num_scheduled_tokens": [1, 1, 1],
-    }
-    chunked = {  # a 12-token prompt computed 4 at a time (its 2nd chunk) next to a decode: token_ids is longer
-        "token_ids": [[(7 * i + 3) % max_token_id for i in range(12)], [1, 12, 13, 14]],
-        "block_ids": [[6, 2, 9], [5]],
-        "block_size": 4,
-        "num_computed_tokens": [4, 3],
-        "num_scheduled_tokens": [4, 1],
-    }
-    return [prefill, decode, chunked, *(random_step(random.Random(seed), max_token_id) for seed in seeds)]
-
 
 EMPTY_STEP = {"token_ids": [], "block_ids": [], "block_size": 4, "num_computed_tokens": [],
               "num_scheduled_tokens": []}
@@ -137,14 +92,14 @@ def _expect_vectorized(name: str, few: int, many: int, sizes: tuple[int, int], h
     )
 
 
-def first_difference(want: list, have: list) -> str:
+def _list_difference(want: list, have: list) -> str:
     """Where two (nested) lists first differ: its coordinates, both values, and a window of 3 entries each side."""
     if not isinstance(have, list) or len(want) != len(have) and all(a == b for a, b in zip(want, have, strict=False)):
         return f"length {len(have) if isinstance(have, list) else '?'}, expected {len(want)}"
     for i, (a, b) in enumerate(zip(want, have, strict=False)):
         if a != b:
             if isinstance(a, list) and isinstance(b, list):
-                inner = first_difference(a, b)
+                inner = _list_difference(a, b)
                 return f"row {i}: {inner}"
             if len(want) <= 16:
                 return f"first difference at [{i}]: expected {a}, got {b}"
@@ -161,7 +116,7 @@ def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
         )
     want, have = expected.tolist(), got.tolist()
     if want != have:
-        inputs = {**inputs, "where it differs": first_difference(want, have)}
+        inputs = {**inputs, "where it differs": _list_difference(want, have)}
     expect_equal(what, inputs, want, have, hint)
     expect_equal(
         f"{what} dtype",
@@ -185,7 +140,7 @@ def _expect_unchanged(name: str, inputs: dict[str, Any], before: dict[str, Any],
         else:
             same, shown_before, shown_after = now == original, original, now
         if not same:
-            where = first_difference(shown_before, shown_after) if isinstance(shown_after, list) else ""
+            where = _list_difference(shown_before, shown_after) if isinstance(shown_after, list) else ""
             raise AssertionError(
                 f"{name} changed its input {key} in place\n"
                 f"  inputs: {inputs}\n"
@@ -355,27 +310,6 @@ def check_prepare_inputs(prepare_inputs: Callable, seeds: Iterable[int] = range(
 
 
 # ---- "Plug it in" (phases 02-05): the engine's tokens against the reference's, with what differed
-def expect_same_tokens(mine: Any, expected: Any, label: str) -> None:
-    """Raise at the first request whose generated tokens differ, naming it and the first differing token.
-    `mine` and `expected`: lists of token lists (request i is the i-th prompt) or dicts request id -> tokens."""
-    __tracebackhide__ = True
-    if not isinstance(expected, dict):
-        expected = {f"prompt {i}": list(tokens) for i, tokens in enumerate(expected)}
-    if not isinstance(mine, dict):
-        mine = {f"prompt {i}": list(tokens) for i, tokens in enumerate(mine)}
-    for req_id, want in expected.items():
-        want, have = list(want), list(mine.get(req_id, []))
-        if want != have:
-            position = next((i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b),
-                            min(len(want), len(have)))
-            raise AssertionError(
-                f"{label}: {req_id} generated different tokens from token {position} on; expected {want}, "
-                f"got {have}") from None
-    extra = sorted(set(mine) - set(expected))
-    if extra:
-        raise AssertionError(f"{label}: outputs for {extra}, which the reference run does not have") from None
-
-
 def expect_same_slot_mappings(mine: Any, reference_run: Any) -> None:
     """Two `record_run` recordings: raise at the first engine step whose slot_mapping differs (step, flat row,
     expected vs got)."""

@@ -32,9 +32,16 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import calling, expect_equal, expect_same, passed, tiny_llama_config
+from labs.checks.common import (
+    WORKED_EXAMPLE,
+    calling,
+    expect_equal,
+    expect_same,
+    passed,
+    step_cases,
+    tiny_llama_config,
+)
 from labs.checks.grading import graded
-from labs.checks.p02 import WORKED_EXAMPLE, step_cases
 from labs.manifest import Exercise, Phase
 from mini.worker import model_runner as runner
 from mini.worker import prepare_inputs as prep

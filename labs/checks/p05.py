@@ -39,9 +39,14 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from labs.checks.common import calling, counterexample, expect_equal, passed
+from labs.checks.common import (  # expect_same_tokens: the plug cell imports it from here
+    calling,
+    counterexample,
+    expect_equal,
+    expect_same_tokens,  # noqa: F401
+    passed,
+)
 from labs.checks.grading import graded
-from labs.checks.p02 import expect_same_tokens  # noqa: F401  (the plug cell imports it from here)
 from labs.manifest import Exercise, Phase
 from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager

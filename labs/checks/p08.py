@@ -23,7 +23,14 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import CountTorchCalls, calling, counterexample, expect_equal, passed
+from labs.checks.common import (
+    CountTorchCalls,
+    calling,
+    counterexample,
+    expect_equal,
+    first_differing_entry,
+    passed,
+)
 from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini.sample.logprobs import gather_logprobs as reference_gather_logprobs
@@ -70,7 +77,7 @@ def _expect_tensor(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
     finite = torch.isfinite(expected)
     same = same_inf and torch.equal(expected[finite], got.to(expected.dtype)[finite])
     if not same:
-        where = first_difference(expected, got.to(expected.dtype)) if expected.dim() == 2 else None
+        where = first_differing_entry(expected, got.to(expected.dtype)) if expected.dim() == 2 else None
         if locate is not None and where is not None:
             inputs = {**inputs, "first wrong entry": locate(*where)}
         expect_equal(
@@ -90,7 +97,7 @@ def _expect_temperature(inputs: dict, logits: torch.Tensor, temperature: torch.T
                      "does; then return that same tensor)", equal=lambda a, b: False)
     expect_equal("apply_temperature shape", inputs, tuple(expected.shape), tuple(got.shape),
                  "return the [N, V] logits, each row divided by its own temperature")
-    where = first_difference(expected, got.to(expected.dtype))
+    where = first_differing_entry(expected, got.to(expected.dtype))
     if where is None:
         return
     row, token = where
@@ -200,13 +207,6 @@ def _bad_words_cases(seeds: Iterable[int]) -> list[tuple[torch.Tensor, dict[int,
     return cases
 
 
-def first_difference(expected: torch.Tensor, got: torch.Tensor) -> tuple[int, int] | None:
-    """(row, column) of the first entry where two [N, V] tensors differ (-inf == -inf), or None."""
-    same = (expected == got) | (torch.isnan(expected) & torch.isnan(got))
-    wrong = (~same).nonzero()
-    return None if wrong.numel() == 0 else (int(wrong[0, 0]), int(wrong[0, 1]))
-
-
 @graded
 def check_apply_bad_words(apply_bad_words: Callable, seeds: Iterable[int] = range(40)) -> None:
     cases = _bad_words_cases(seeds)
@@ -222,7 +222,7 @@ def check_apply_bad_words(apply_bad_words: Callable, seeds: Iterable[int] = rang
             expect_equal("apply_bad_words", inputs, f"a tensor of shape {tuple(expected.shape)}",
                          got if not isinstance(got, torch.Tensor) else f"shape {tuple(got.shape)}",
                          "return the [N, V] logits (edited in place)", equal=lambda a, b: False)
-        where = first_difference(expected, got)
+        where = first_differing_entry(expected, got)
         if where is None:
             continue
         row, token = where
@@ -472,7 +472,7 @@ def _expect_top_k_top_p(inputs: dict, logits: torch.Tensor, k: torch.Tensor | No
     expect_equal("apply_top_k_top_p NaN", inputs, False, bool(torch.isnan(got).any()),
                  "no NaN may appear, even in rows that are entirely -inf (a grammar mask can leave a row "
                  "with no finite logit)")
-    where = first_difference(expected, got.to(expected.dtype))
+    where = first_differing_entry(expected, got.to(expected.dtype))
     if where is None:
         return
     row, token = where

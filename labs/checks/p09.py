@@ -34,9 +34,8 @@ from typing import Any
 
 import torch
 
-from labs.checks.common import CountTorchCalls, calling, expect_equal, passed
+from labs.checks.common import CountTorchCalls, calling, expect_equal, first_differing_entry, passed
 from labs.checks.grading import graded
-from labs.checks.p08 import first_difference
 from labs.manifest import Exercise, Phase
 from mini.sample.logits_processor.builtin import LogitBiasLogitsProcessor as ReferenceLogitBias
 from mini.sample.logits_processor.builtin import MinPLogitsProcessor as ReferenceMinP
@@ -80,7 +79,7 @@ def _expect_logits(what: str, inputs: dict, expected: torch.Tensor, got: Any, hi
     same = same_inf and torch.allclose(expected[finite], got.to(expected.dtype)[finite], rtol=1e-5, atol=1e-5)
     if not same:
         close = torch.isclose(expected, got.to(expected.dtype), rtol=1e-5, atol=1e-5) | (expected == got)
-        row, token = first_difference(torch.zeros_like(expected), (~close).to(expected.dtype)) or (0, 0)
+        row, token = first_differing_entry(torch.zeros_like(expected), (~close).to(expected.dtype)) or (0, 0)
         located = {**inputs, f"row {row} expected": _round(expected[row:row + 1])[0],
                    f"row {row} got": _round(got[row:row + 1])[0]}
         if explain is not None:
