@@ -1,6 +1,7 @@
 """One table per phase: what the learner writes, how it is graded, where it plugs into the engine.
 
-Each `labs/checks/pNN.py` ends with a `PHASE = Phase(...)` table. Everything else is generated from it:
+Each `labs/checks/pNN.py` ends with a `PHASE = Phase(...)` table (a check module imports no other phase's:
+what phases share is labs/checks/common.py). Everything else is generated from it:
 the lab tests (`labs/test_labs.py`, one parametrised test per exercise), the names `labs.plug` accepts,
 and the consistency tests that hold the table, the notebook's nbgrader cells and the engine's roles
 together (tests/course/test_plug.py, test_release.py, test_lab_prose.py). Adding a phase means: the

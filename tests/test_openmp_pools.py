@@ -142,15 +142,16 @@ def test_the_in_process_async_llm_loop_gives_its_pool_back_when_idle(monkeypatch
     import asyncio
 
     from mini.engine import async_llm as async_llm_module
+    from mini.engine import core_client
 
     calls: list[str] = []
-    real = async_llm_module.release_libgomp_threads
+    real = core_client.release_libgomp_threads
 
     def recording() -> None:
         calls.append(threading.current_thread().name)
         real()
 
-    monkeypatch.setattr(async_llm_module, "release_libgomp_threads", recording)
+    monkeypatch.setattr(core_client, "release_libgomp_threads", recording)   # the in-process client's thread
     monkeypatch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "0")
     engine = async_llm_module.AsyncLLM(CONFIG)
     try:

@@ -1,7 +1,7 @@
 """Mirrors no vllm/v1 file: a live dashboard of a serving engine (what vLLM's Grafana board shows).
 
 It is a stat logger for `mini.engine.async_llm.AsyncLLM` (the engine's documented hook, the same one the
-server's Prometheus logger uses, as vllm/v1/metrics/loggers.py): after every step the engine thread hands
+server's Prometheus logger uses, as vllm/v1/metrics/loggers.py): after every step its output-handler task hands
 it `(SchedulerStats, IterationStats)`; it keeps running / waiting requests, KV-cache usage and the tokens
 each step generated, and draws them against time: while a burst of clients runs, `watch()` redraws every
 `period_s` seconds.

@@ -1,66 +1,65 @@
-"""`AsyncLLM`: one engine, many callers streaming from it; this file holds its in-process design.
+"""`AsyncLLM`: one engine, many callers streaming from it, over an asyncio engine-core client.
 
-Mirrors vllm/v1/engine/async_llm.py (AsyncLLM.generate / abort / shutdown, the per-request
-`RequestOutputCollector` of vllm/v1/engine/output_processor.py) and the busy loop of
-vllm/v1/engine/core.py (EngineCoreProc.run_busy_loop).
+Mirrors vllm/v1/engine/async_llm.py: `AsyncLLM.__init__` builds the input and output processors in this process
+and an asyncio engine-core client (vllm/v1/engine/core_client.py: `EngineCoreClient.make_async_mp_client`);
+`_run_output_handler` starts ONE asyncio task, on first use, that loops
 
-Two designs behind one constructor (`AsyncLLM(config)` picks by `MINI_ENABLE_V1_MULTIPROCESSING`):
-  * multiprocess (the default): vLLM's own, in mini/engine/async_llm_mp.py (`MPAsyncLLM`): the front end
-    on the event loop, the core in a child process behind an `AsyncMPClient` (`DPAsyncMPClient` with
-    data parallelism), one output-handler task built from `output_handler_step` / `generate_stream` below.
-  * in process (`=0`, or `AsyncLLM(engine=an LLMEngine)`): this class, described next. vLLM has no such
-    mode for its AsyncLLM; mini keeps it because the course's views and tests look inside the engine.
+    outputs = await engine_core.outputs_async()          # the next step's EngineCoreOutputs, any core
+    request_outputs, reqs_to_abort = output_processor.process_outputs(outputs.outputs)
+    each RequestOutput -> its request's RequestOutputCollector (mini/engine/output_processor.py)
+    finish in the core the requests a stop string ended   # the core cannot see text
+    stat loggers <- (outputs.scheduler_stats, IterationStats)
 
-In process, the engine loop runs on **one background thread**, not an asyncio task: `LLMEngine.step()`
-is a blocking forward pass (tens of ms on a CPU); inside an asyncio task it would freeze the event
-loop, and with it every HTTP connection and every token stream, for the whole step. On its own
-thread it plays the part of vLLM's engine-core process; PyTorch releases the GIL inside its kernels,
-so the event loop keeps serving while the model runs.
+which is phase 13's `output_handler_step` plus the statistics and failed steps; `generate()` is phase 13's
+`generate_stream` (register a collector, add the request to the output processor and the core, await the
+collector; a consumer that goes away aborts the request in both) plus parallel sampling (n > 1: the children go
+to the core, the parent's id to the collector). Nothing here blocks the loop: the input processing (tokenizing,
+checking a grammar) runs on one worker thread (vLLM's renderer executor), detokenizing on the loop (as in vLLM),
+the model in the core.
 
-The two sides meet at two places only:
-  * a command queue (add / abort), drained by the engine thread between steps. The engine object is
-    touched by that thread alone, so it needs no lock; `add` returns a future, so a bad request's
-    `ValueError` reaches its caller (and only its caller) before it starts iterating.
-  * one `RequestOutputCollector` per request, filled from the engine thread with
-    `loop.call_soon_threadsafe`. It holds at most ONE pending output: a slow reader gets the new deltas
-    merged into it (DELTA) or, sample by sample, the newer snapshot replacing it (CUMULATIVE /
-    FINAL_ONLY), as vLLM's collector does. So nothing grows without bound: back-pressure is the
-    scheduler's, which runs at most `max_num_seqs` requests and `max_num_batched_tokens` tokens a step
-    and keeps the rest waiting.
+Which client (mini/engine/core_client.py) is the only difference between the modes:
+  * `AsyncMPClient` (the default): the core in a child process; `DPAsyncMPClient` (mini/engine/dp_client.py)
+    with `data_parallel_size` > 1.
+  * `AsyncInprocClient` (`MINI_ENABLE_V1_MULTIPROCESSING=0`, or `AsyncLLM(engine=an in-process LLMEngine)`):
+    the core in this process, stepped by one background thread, so that the course's views and the tests can look
+    inside it (`async_llm.engine.scheduler`, ...). vLLM has no such mode for its AsyncLLM.
 
-A caller that stops iterating (closes the generator) or is cancelled (a client disconnect cancels the
-server's task) aborts its request: the abort is queued at once and the engine thread runs it before
-its next step, which frees the request's KV blocks. An exception while adding a request goes to that
-caller only; an exception inside `step()` cannot be pinned on one request of the batch, so every request
-in flight gets it (and is aborted, freeing its blocks) and the loop carries on with new requests.
+Back-pressure: each request's `RequestOutputCollector` holds at most ONE pending output: a slow reader gets the
+new deltas merged into it (DELTA) or, sample by sample, the newer snapshot replacing it (CUMULATIVE /
+FINAL_ONLY), as vLLM's collector does; the scheduler runs at most `max_num_seqs` requests and
+`max_num_batched_tokens` tokens a step and keeps the rest waiting.
 
-`AsyncLLM(engine=...)` with an engine whose core is a child process (`SyncMPClient`) also works: the thread
-then does the front end's work only and `step()` waits for the core's outputs; the child's death ends the
-loop with `EngineDeadError` for every caller.
+Where mini differs, and why:
+  * The task and the client belong to the loop of the first `generate()` (an `AsyncMPClient` serves one loop,
+    as vLLM's; the in-process client moves to a new loop once the old one is closed). `get_scheduler_stats()`
+    and `abort()` also work from another loop or thread (a test or a second thread asking the server's engine):
+    they are run on the engine's loop and awaited.
+  * A failed step (`failed_requests`: the core aborted those requests and goes on) fails those streams with
+    `EngineStepError`; a dead core (`EngineDeadError` from the client) fails every stream at once, and
+    `is_running` / `errored` turn /health to 503.
 
-Statistics: after each step the loop hands `(SchedulerStats, IterationStats)` to each stat logger
-(vllm/v1/metrics/loggers.py): counters only (`LLMEngine.get_scheduler_stats()`, no block table is copied;
-a teaching view that wants the pool attaches a step observer to the engine instead); `IterationStats` carries the
-step's token counts and the per-request latencies measured when outputs leave the engine (time to first token,
-inter-token, end-to-end). A FINAL_ONLY request produces one output only, so its first-token time is its end-to-end
-time; the OpenAI server streams internally with DELTA for that reason.
+Statistics: each step's `(SchedulerStats, IterationStats)` goes to each stat logger (vllm/v1/metrics/loggers.py):
+counters only (no block table is copied; a teaching view that wants the pool attaches a step observer to the
+engine instead); `IterationStats` carries the step's token counts and the per-request latencies measured when
+outputs leave the engine (time to first token, inter-token, end-to-end). A FINAL_ONLY request produces one
+output only, so its first-token time is its end-to-end time; the OpenAI server streams internally with DELTA
+for that reason.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import concurrent.futures
+import contextlib
+import functools
 import logging
-import queue
-import threading
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from mini.config import EngineConfig, engine_config_from_args
-from mini.engine.async_llm_mp import MPAsyncLLM
-from mini.engine.core_client import multiprocessing_enabled
+from mini.core.request import RequestStatus
+from mini.engine.core_client import AsyncInprocClient
 from mini.engine.exceptions import EngineDeadError, EngineStepError
 from mini.engine.llm_engine import LLMEngine
 from mini.engine.output_processor import (  # re-exported: phase 13 imports them from here
@@ -78,12 +77,8 @@ from mini.metrics.stats import (  # re-exported: phase 13 imports them from here
 )
 from mini.outputs import RequestOutput
 from mini.sampling_params import SamplingParams
-from mini.system_utils import release_libgomp_threads
 
 logger = logging.getLogger(__name__)
-
-# How long the idle engine thread sleeps on the command queue before checking for shutdown.
-IDLE_POLL_S = 0.05
 
 
 # EngineDeadError, EngineStepError: mini/engine/exceptions.py (vllm/v1/engine/exceptions.py), re-exported here.
@@ -94,11 +89,9 @@ IDLE_POLL_S = 0.05
 # returns `EngineCoreOutput`s (token ids); the front end's `output_handler` task turns them into
 # `RequestOutput`s with the output processor, pushes each into its request's collector, and tells the core
 # to abort the requests a stop string finished (the core cannot see text). `generate()` aborts a request
-# whose consumer went away. In multiprocess mode `AsyncLLM` runs exactly this over an `AsyncMPClient`
-# (mini/engine/async_llm_mp.py, plus statistics and n > 1); the in-process `AsyncLLM` below does the same work
-# on its engine thread (`LLMEngine.step` processes the outputs and finishes stop-string requests;
-# `_step_once` routes them; `generate`'s `finally` queues the abort). The three pieces below are that split
-# written as vLLM writes it; the course (phase 13) has the learner write the first two.
+# whose consumer went away. `AsyncLLM` below runs exactly this over its client (`_output_handler`, `generate`),
+# plus statistics, failed steps and n > 1. The three pieces below are that split written as vLLM writes it; the
+# course (phase 13) has the learner write the first two.
 async def output_handler_step(engine_core: Any, output_processor: Any,
                               collectors: dict[str, RequestOutputCollector]) -> None:
     """One iteration of vLLM's `output_handler` loop (vllm/v1/engine/async_llm.py `_run_output_handler`).
@@ -181,233 +174,235 @@ class InprocEngineCore:
 
 
 # ---------------------------------------------------------------------------- the engine
-class AsyncLLM(abc.ABC):  # noqa: B024 - an ABC for `AsyncLLM.register(MPAsyncLLM)`: isinstance holds for both
-    """`generate()` is an async stream per request. `AsyncLLM(config)` in multiprocess mode (the default) is an
-    `MPAsyncLLM` (mini/engine/async_llm_mp.py: AsyncMPClient + output-handler task, vLLM's design); in process
-    (`MINI_ENABLE_V1_MULTIPROCESSING=0`, or `AsyncLLM(engine=an LLMEngine)`) an `LLMEngine` driven by a
-    background thread (this class). That thread runs the forwards: the building thread gives its OpenMP pool back
-    before it starts, and the loop gives its own back whenever it runs out of requests (mini/system_utils.py)."""
+class AsyncLLM:
+    """Front end + an asyncio engine-core client + an output-handler task (vLLM's AsyncLLM).
 
-    def __new__(cls, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
-                stat_loggers: list[StatLogger] | None = None) -> Any:
-        if cls is AsyncLLM and engine is None and multiprocessing_enabled():
-            # vLLM's design, built whole here (it is registered as an AsyncLLM, not a subclass of this
-            # thread design, so Python does not run this class' __init__ on it).
-            return MPAsyncLLM(config, stat_loggers=stat_loggers)
-        return super().__new__(cls)
+    `AsyncLLM(config)` builds its `LLMEngine` (front end) with the client `MINI_ENABLE_V1_MULTIPROCESSING` picks;
+    `AsyncLLM(engine=an in-process LLMEngine)` steps that engine's core on a thread (`AsyncInprocClient`) until
+    `shutdown()`, which hands the engine its own client back (the engine is not shut down)."""
 
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None,
                  stat_loggers: list[StatLogger] | None = None) -> None:
         self._owns_engine = engine is None
+        self._given_client: Any = None
         if engine is None:
-            engine = LLMEngine(config or EngineConfig())
+            engine = LLMEngine(config or EngineConfig(), asyncio_mode=True)
+        elif not hasattr(engine.engine_core, "outputs_async"):
+            # A sync client: its core in this process (else EngineInternalsError naming the switch), on a thread.
+            self._given_client = engine.engine_core
+            engine.engine_core = AsyncInprocClient(engine_core=engine.engine_core.local_core("AsyncLLM(engine=...)"))
         self.engine = engine
-        self.config = engine.config
+        self.config = self.engine.config
+        self.engine_core = self.engine.engine_core   # AsyncMPClient, DPAsyncMPClient or AsyncInprocClient
+        self.output_processor = self.engine.output_processor
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
-        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._collectors: dict[str, RequestOutputCollector] = {}   # engine thread only
-        self._timings: dict[str, RequestTiming] = {}              # engine thread only
-        self._aborting: dict[str, tuple[RequestOutputCollector, RequestTiming | None]] = {}
-        self._stop = threading.Event()
+        self._collectors: dict[str, RequestOutputCollector] = {}
+        self._timings: dict[str, RequestTiming] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.output_handler: asyncio.Task | None = None
         self._dead_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run_engine_loop, name="mini-engine-loop", daemon=True)
-        release_libgomp_threads()   # the loop thread runs the forwards now (mini/system_utils.py)
-        self._thread.start()
+        self._stopped = False
+        self._input_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mini-input")
 
     @classmethod
     def from_engine_args(cls, **engine_args: Any) -> AsyncLLM:
         """AsyncLLM(model=..., max_num_seqs=..., ...) with the same arguments as `LLM(...)`."""
         return cls(engine_config_from_args(**engine_args))
 
-    # ------------------------------------------------------------------ the public surface
+    # ------------------------------------------------------------------ state
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and not self._stop.is_set()
+        return not self._stopped and self._dead_error is None
 
     @property
     def errored(self) -> bool:
         return self._dead_error is not None
 
+    def _check_alive(self) -> None:
+        if self._dead_error is not None:
+            raise EngineDeadError(f"the engine core has stopped: {self._dead_error}")
+        if self._stopped:
+            raise EngineDeadError("the engine has been shut down")
+
+    def _start_output_handler(self) -> None:
+        """On first use: bind the client to this loop and start the output-handler task (vLLM's
+        `_run_output_handler`)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None and not (self._loop.is_closed()
+                                           and getattr(self.engine_core, "follows_the_running_loop", False)):
+            raise RuntimeError("this AsyncLLM serves the event loop of its first generate(); call it from there")
+        self._loop = loop
+        self.engine_core._ensure_started()    # the output socket moves to this loop before any request
+        self.output_handler = loop.create_task(self._output_handler(), name="mini-output-handler")
+
+    # ------------------------------------------------------------------ the public surface
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None, request_id: str,
                        priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
-        """Stream the request's outputs; the last has `finished=True`.
+        """Stream the request's outputs; the last has `finished=True` (phase 13's `generate_stream`).
 
-        Raises ValueError/TypeError (bad input, nothing was added) before the first output. Closing the
-        generator early or cancelling the task that iterates it aborts the request.
-        """
+        Bad input raises ValueError/TypeError before anything is queued; a consumer that goes away aborts."""
         self._check_alive()
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        collector = RequestOutputCollector(params.output_kind, asyncio.get_running_loop())
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        finished = False
-        added = False
+        if self.output_processor.has_request(request_id) or request_id in self._collectors:
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        self._start_output_handler()
+        collector = RequestOutputCollector(params.output_kind, self._loop)
+        self._collectors[request_id] = collector      # the id is taken while its input is processed
         try:
-            self._commands.put(("add", (request_id, prompt, params, priority, collector, future)))
-            if not self._thread.is_alive():  # shut down between the check above and the put
-                self._refuse_queued(EngineDeadError("the engine loop has been shut down"))
-            await asyncio.wrap_future(future)
-            added = True
-            while True:
+            # Tokenizing a long prompt or checking a large grammar takes seconds: on a worker thread, not
+            # the event loop (vLLM's renderer executor, vllm/renderers/hf.py), so every other stream and
+            # /health keep going meanwhile.
+            request = await self._loop.run_in_executor(
+                self._input_executor, functools.partial(self.engine.process_request, request_id, prompt, params,
+                                                        priority=priority))
+            self._check_alive()
+            self._timings[request_id] = RequestTiming(time.monotonic(), params.output_kind)
+            self.engine._queue(request)   # the output processor, then the core (n > 1: each child)
+        except BaseException:
+            self._forget(request_id)
+            raise
+        finished = False
+        try:
+            while not finished:
                 output = await collector.get()
                 finished = output.finished
                 yield output
-                if finished:
-                    return
         finally:
-            if not finished and (added or not future.done()):
-                self._commands.put(("abort", [request_id]))
+            if not finished:
+                self._abort_now([request_id], quiet=True)
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Abort requests (unknown or finished ids are ignored); their streams end with finish_reason 'abort'."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        self._commands.put(("abort", ids))
+        if self._loop is None or self._loop is asyncio.get_running_loop() or self._loop.is_closed():
+            self._abort_now(ids, quiet=False)
+        else:
+            self._loop.call_soon_threadsafe(self._abort_now, ids, False)
 
     async def get_scheduler_stats(self) -> SchedulerStats:
-        """The scheduler's counters (`SchedulerStats`), taken on the engine thread between two steps."""
+        """The core's counters now (a utility call); from any loop or thread."""
         self._check_alive()
-        future: concurrent.futures.Future[SchedulerStats] = concurrent.futures.Future()
-        self._commands.put(("stats", future))
+        if self._loop is None or self._loop is asyncio.get_running_loop() or self._loop.is_closed():
+            if self._loop is not asyncio.get_running_loop():
+                self._start_output_handler()
+            return await self.engine_core.get_scheduler_stats_async()
+        future = asyncio.run_coroutine_threadsafe(self.engine_core.get_scheduler_stats_async(), self._loop)
         return await asyncio.wrap_future(future)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stop the loop; requests still in flight get EngineDeadError. Idempotent."""
-        self._stop.set()
-        self._commands.put(("wake", None))
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout_s)
-        if self._owns_engine and not self._thread.is_alive():
-            self.engine.shutdown()     # multiprocess mode: stop the engine-core process now
+        """Stop the core (its process or thread); streams still open get EngineDeadError. Idempotent, from any
+        thread."""
+        self._stopped = True
+        self._fail_all(EngineDeadError("the engine has been shut down"))
+        handler, loop = self.output_handler, self._loop
+        if handler is not None and not handler.done() and loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(handler.cancel)
+        self._input_executor.shutdown(wait=False, cancel_futures=True)
+        if self._owns_engine:
+            self.engine.shutdown()
+        elif self._given_client is not None:   # AsyncLLM(engine=...): stop the thread, hand the engine back
+            self.engine_core.stop()
+            self.engine.engine_core, self._given_client = self._given_client, None
 
-    def _check_alive(self) -> None:
-        if self._dead_error is not None:
-            raise EngineDeadError(f"the engine loop has stopped: {self._dead_error}")
-        if self._stop.is_set():
-            raise EngineDeadError("the engine loop has been shut down")
-
-    # ------------------------------------------------------------------ the engine thread
-    def _run_engine_loop(self) -> None:
-        holds_pool = False   # whether this thread may hold an OpenMP pool from its last steps
+    # ------------------------------------------------------------------ the output handler
+    async def _output_handler(self) -> None:
+        """vLLM's `output_handler`: core outputs -> RequestOutputs -> collectors; stop strings -> abort."""
         try:
-            while not self._stop.is_set():
-                busy = self.engine.has_unfinished_requests()
-                if not busy and holds_pool:   # idle: give the pool back to whoever computes next (system_utils)
-                    release_libgomp_threads()
-                    holds_pool = False
-                self._drain_commands(block=not busy)
-                if self._stop.is_set():
-                    break
-                if self.engine.has_unfinished_requests():
-                    self._step_once()
-                    holds_pool = True
-        except BaseException as error:  # a bug in the loop itself: fail everyone, refuse new requests
-            logger.exception("the engine loop died")
-            self._dead_error = error
-        finally:
-            error = self._dead_error or EngineDeadError("the engine was shut down")
-            self._fail_in_flight(error)
-            self._refuse_queued(error)
+            while True:
+                outputs = await self.engine_core.outputs_async()
+                if outputs.failed_requests:
+                    self._fail_requests(outputs.failed_requests)
+                request_outputs, reqs_to_abort = self.output_processor.process_outputs(outputs.outputs)
+                iteration = IterationStats()
+                now = time.monotonic()
+                for output in request_outputs:
+                    self._route(output, now, iteration)
+                if reqs_to_abort:   # the detokenizer found a stop string: free the blocks in the core now
+                    self.engine_core.finish_requests(reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+                self._log_stats(outputs.scheduler_stats, iteration)
+        except Exception as error:  # noqa: BLE001  (the core died, or a bug here: fail every stream)
+            if not self._stopped:
+                logger.error("the output handler stopped: %r", error)
+                self._dead_error = error
+            dead = error if isinstance(error, EngineDeadError) else EngineDeadError(f"the engine failed: {error!r}")
+            self._fail_all(dead)
 
-    def _drain_commands(self, block: bool) -> None:
-        try:
-            command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
-        except queue.Empty:
+    def _route(self, output: RequestOutput, now: float, iteration: IterationStats) -> None:
+        rid = output.request_id
+        collector, timing = self._collectors.get(rid), self._timings.get(rid)
+        if output.finished:
+            self._forget(rid)
+        if timing is not None:
+            record_output(output, timing, now, iteration)
+        if collector is not None:
+            collector.put(output)
+
+    def _log_stats(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
+        scheduler_stats = scheduler_stats or self.engine_core.latest_scheduler_stats
+        if scheduler_stats is None:
             return
-        while True:
-            self._handle_command(*command)
+        for stat_logger in self.stat_loggers:
             try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+                stat_logger(scheduler_stats, iteration)
+            except Exception:
+                logger.exception("stat logger %r failed", stat_logger)
 
-    def _handle_command(self, kind: str, payload: Any) -> None:
-        if kind == "add":
-            request_id, prompt, params, priority, collector, future = payload
-            if future.cancelled():
-                return
-            try:
-                self.engine.add_request(request_id, prompt, params, priority=priority)
-            except Exception as error:  # noqa: BLE001  (bad input, or any failure: only this caller hears it)
-                future.set_exception(error)
-                return
-            self._collectors[request_id] = collector
-            self._timings[request_id] = RequestTiming(time.monotonic(), params.output_kind)
-            future.set_result(None)
-        elif kind == "abort":
-            live = [rid for rid in payload if rid in self._collectors]
-            if live:
-                self.engine.abort_request(live)
-                # The final "abort" outputs come out of the next step(); by then a new request may reuse
-                # the id, so they are routed by this table, not by `_collectors`.
-                for rid in live:
-                    self._aborting[rid] = (self._collectors.pop(rid), self._timings.pop(rid, None))
-        elif kind == "stats":
-            payload.set_result(self.engine.get_scheduler_stats())
-
-    def _step_once(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except EngineDeadError:
-            raise                      # the engine-core process is gone: the loop ends, everyone hears it
-        except Exception as error:
-            logger.exception("engine step failed; aborting the %d requests in flight", len(self._collectors))
-            failed = list(self._collectors)
-            self._fail_in_flight(EngineStepError(f"the engine step failed: {error!r}"))
-            self.engine.abort_request(failed)   # if this raises too, the loop dies (and says why)
-            return
-        now = time.monotonic()
-        iteration = IterationStats()
-        for output in outputs:
-            rid = output.request_id
-            if output.finished and rid in self._aborting:
-                collector, timing = self._aborting.pop(rid)
-            else:
-                collector, timing = self._collectors.get(rid), self._timings.get(rid)
-                if output.finished:
-                    self._collectors.pop(rid, None)
-                    self._timings.pop(rid, None)
-            if timing is not None:
-                self._record(output, timing, now, iteration)
+    def _fail_requests(self, failed: dict[str, str]) -> None:
+        """A step failed in the core: it aborted these (child) ids; their streams get EngineStepError."""
+        first = next(iter(failed.values()))
+        error = EngineStepError(f"the engine step failed: {first} (requests aborted: {sorted(failed)})")
+        parents = {rid for rid in self._collectors
+                   if set(self.output_processor.child_request_ids([rid])) & set(failed) or rid in failed}
+        self.output_processor.abort_requests(list(failed))
+        for rid in parents:
+            collector = self._collectors.get(rid)
+            self._forget(rid)
             if collector is not None:
-                collector.put_threadsafe(output)
-        if self.stat_loggers:
-            scheduler_stats = self.engine.step_scheduler_stats()   # multiprocess: sent with the step's outputs
-            for stat_logger in self.stat_loggers:
-                try:
-                    stat_logger(scheduler_stats, iteration)
-                except Exception:
-                    logger.exception("stat logger %r failed", stat_logger)
+                collector.put(error)
 
-    @staticmethod
-    def _record(output: RequestOutput, timing: RequestTiming, now: float, iteration: IterationStats) -> None:
-        record_output(output, timing, now, iteration)
+    def _abort_now(self, request_ids: list[str], quiet: bool) -> None:
+        """Abort in the output processor (final 'abort' outputs to the collectors) and in the core."""
+        live = [rid for rid in request_ids if self.output_processor.has_request(rid)]
+        if not live:
+            for rid in request_ids:
+                self._forget(rid)
+            return
+        core_ids = self.output_processor.child_request_ids(live)
+        iteration, now = IterationStats(), time.monotonic()
+        for output in self.output_processor.abort_requests(live):
+            collector, timing = self._collectors.get(output.request_id), self._timings.get(output.request_id)
+            self._forget(output.request_id)
+            if timing is not None:    # counted as finished with reason "abort", as a finished request
+                record_output(output, timing, now, iteration)
+            if collector is not None and not quiet:
+                collector.put(output)
+        for rid in request_ids:
+            self._forget(rid)
+        if iteration.finished_requests:
+            self._log_stats(None, iteration)
+        with contextlib.suppress(EngineDeadError):   # the core is gone: nothing holds blocks any more
+            self.engine_core.abort_requests(core_ids)
 
-    def _fail_in_flight(self, error: BaseException) -> None:
+    def _forget(self, request_id: str) -> None:
+        self._collectors.pop(request_id, None)
+        self._timings.pop(request_id, None)
+
+    def _fail_all(self, error: BaseException) -> None:
         collectors, self._collectors = self._collectors, {}
         self._timings.clear()
-        collectors.update({rid: collector for rid, (collector, _) in self._aborting.items()})
-        self._aborting.clear()
         for collector in collectors.values():
             collector.put_threadsafe(error)
 
-    def _refuse_queued(self, error: BaseException) -> None:
-        while True:  # adds still queued: refuse them; stats requests: answer them
-            try:
-                kind, payload = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "add" and not payload[-1].done():
-                payload[-1].set_exception(EngineDeadError(str(error)))
-            elif kind == "stats" and not payload.done():
-                payload.set_exception(EngineDeadError(str(error)))
 
-
-AsyncLLM.register(MPAsyncLLM)   # isinstance(AsyncLLM(config), AsyncLLM) in either mode
 
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError", "FinishedRequestStats", "InprocEngineCore",
            "IterationStats", "RequestOutputCollector", "StatLogger", "generate_stream", "merge_delta_outputs",

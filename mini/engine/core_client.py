@@ -9,6 +9,8 @@ Mirrors vllm/v1/engine/core_client.py (`EngineCoreClient.make_client`, `InprocCl
     SyncMPClient     `LLM`'s default: the core in a child process; a background thread reads its outputs
     AsyncMPClient    for asyncio callers (phase 13's `output_handler_step` / `generate_stream`): asyncio
                      sockets, outputs read by a task; same surface as `InprocEngineCore`
+    AsyncInprocClient  `AsyncLLM`'s in process (mini's): the `EngineCore` stepped by one thread of this process,
+                     `AsyncMPClient`'s surface (vLLM's `AsyncLLM` always runs its core as a process)
 
 The switch (vLLM's `VLLM_ENABLE_V1_MULTIPROCESSING`): `MINI_ENABLE_V1_MULTIPROCESSING`, default 1, read when an
 engine is built (`multiprocessing_enabled()`).
@@ -65,8 +67,13 @@ from mini.serial_utils import (
     encode,
     scheduler_stats_from_wire,
 )
+from mini.system_utils import release_libgomp_threads
 
 logger = logging.getLogger(__name__)
+
+# In process (AsyncInprocClient): how long the idle engine thread sleeps on its command queue between checks
+# for shutdown.
+IDLE_POLL_S = 0.05
 
 
 def multiprocessing_enabled() -> bool:
@@ -97,9 +104,8 @@ class EngineCoreClient:
         """`while_starting` (multiprocess only): work for the front end to do while the child starts, its result
         kept as the client's `started_alongside` (LLMEngine loads its tokenizer there)."""
         if asyncio_mode:
-            if not multiprocess_mode:
-                raise ValueError("an asyncio engine-core client runs the core in a child process; in-process "
-                                 "asyncio callers use mini.engine.async_llm.InprocEngineCore")
+            if not multiprocess_mode:   # AsyncLLM in process: the core steps on a thread of this process
+                return AsyncInprocClient(config, choices)
             return AsyncMPClient(config, choices, while_starting=while_starting)
         if multiprocess_mode:
             # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread.
@@ -190,6 +196,237 @@ class _InprocView:
 
     def _scheduler_stats(self) -> SchedulerStats:
         return SchedulerStats.from_scheduler(self.engine_core.scheduler)
+
+
+class AsyncInprocClient(EngineCoreClient):
+    """The engine core in this process for asyncio callers: `AsyncLLM`'s client with
+    `MINI_ENABLE_V1_MULTIPROCESSING=0` (mini's; vLLM's `AsyncLLM` always runs its core as a process).
+
+    The core steps on **one background thread** (`mini-engine-loop`), the part vLLM's engine-core process plays:
+    a step is a blocking forward pass, and on the event loop it would freeze every stream and HTTP connection
+    for its duration; PyTorch releases the GIL inside its kernels, so the loop keeps serving meanwhile. The thread
+    runs `EngineCoreProc`'s busy loop (mini/engine/core_proc.py) without the sockets: commands (add, abort,
+    utility calls) arrive on a queue and run between two steps, so the core is touched by that thread alone;
+    each step's `EngineCoreOutputs` (with its `SchedulerStats`) reaches the event loop through
+    `call_soon_threadsafe`. A request the core refuses, or a step that raises, comes back as `failed_requests`
+    (the core aborted them and goes on), as from the child process. The surface is `AsyncMPClient`'s.
+
+    It follows the running loop: once the loop it served is closed, the next call binds the new one (a notebook
+    or a test that runs one `asyncio.run` after another). The building thread gives its OpenMP pool back before
+    the thread starts, and the thread gives its own back whenever the core runs out of requests
+    (mini/system_utils.py). `engine_core=` wraps an existing core (`AsyncLLM(engine=an in-process LLMEngine)`).
+    """
+
+    follows_the_running_loop = True
+
+    def __init__(self, config: EngineConfig | None = None, choices: Choices | None = None, *,
+                 engine_core: EngineCore | None = None) -> None:
+        self.engine_core = engine_core if engine_core is not None else EngineCore(config, choices=choices)
+        self.startup = self.engine_core.startup_info()
+        self.started_alongside = self.engine_core.tokenizer   # one tokenizer for the front end and the core
+        self.latest_scheduler_stats: SchedulerStats | None = None
+        self.failed_requests: dict[str, str] = {}
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outputs_queue: asyncio.Queue | None = None
+        self._undelivered: list[Any] = []      # produced while no open loop was bound
+        self._stop = threading.Event()
+        self._dead_message: str | None = None
+        self._thread = threading.Thread(target=self._run_busy_loop, name="mini-engine-loop", daemon=True)
+        release_libgomp_threads()   # the loop thread runs the forwards now (mini/system_utils.py)
+        self._thread.start()
+
+    def local_core(self, name: str) -> EngineCore:
+        return self.engine_core
+
+    # ------------------------------------------------------------------ the event loop's side
+    def _ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        with self._lock:
+            if self._loop is not None and not self._loop.is_closed():
+                raise RuntimeError("an AsyncInprocClient serves one open event loop at a time")
+            self._loop, self._outputs_queue = loop, asyncio.Queue()
+            undelivered, self._undelivered = self._undelivered, []
+        for item in undelivered:
+            self._outputs_queue.put_nowait(item)
+
+    def _deliver(self, item: Any) -> None:
+        """From the engine thread: one EngineCoreOutputs (or the error that ended the loop) to the event loop."""
+        with self._lock:
+            loop, outputs_queue = self._loop, self._outputs_queue
+            if loop is None or loop.is_closed():
+                self._undelivered.append(item)
+                return
+            try:
+                loop.call_soon_threadsafe(outputs_queue.put_nowait, item)
+            except RuntimeError:   # the loop closed meanwhile
+                self._undelivered.append(item)
+
+    def _check_alive(self) -> None:
+        if self._dead_message is not None:
+            raise EngineDeadError(self._dead_message)
+        if self._stop.is_set():
+            raise EngineDeadError("the engine core has been shut down")
+
+    def is_alive(self) -> bool:
+        return self._dead_message is None and not self._stop.is_set() and self._thread.is_alive()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._check_alive()
+        self._commands.put(("add", request))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        if request_ids and not self._stop.is_set():
+            self._commands.put(("finish", (list(request_ids), status)))
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        self._ensure_started()
+        self.add_request(request)
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self._ensure_started()
+        self.abort_requests(list(request_ids))
+
+    async def outputs_async(self) -> EngineCoreOutputs:
+        self._ensure_started()
+        item = await self._outputs_queue.get()
+        if isinstance(item, BaseException):
+            self._outputs_queue.put_nowait(item)
+            raise item
+        if item.scheduler_stats is not None:
+            self.latest_scheduler_stats = item.scheduler_stats
+        return item
+
+    async def get_output_async(self) -> list[EngineCoreOutput]:
+        """The next step's outputs; a step that failed raises EngineStepError for its requests."""
+        return step_outputs(await self.outputs_async(), self.failed_requests)
+
+    def _call(self, method: str, *args: Any) -> Future:
+        """Run a utility (mini/engine/core_proc.py `UTILITY_METHODS`) on the engine thread between two steps."""
+        self._check_alive()
+        future: Future = Future()
+        self._commands.put(("utility", (method, args, future)))
+        if not self._thread.is_alive():   # ended between the check and the put
+            self._refuse_queued(EngineDeadError("the engine core has been shut down"))
+        return future
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        return self._call(method, *args).result()
+
+    async def call_utility_async(self, method: str, *args: Any) -> Any:
+        return await asyncio.wrap_future(self._call(method, *args))
+
+    def get_scheduler_stats(self) -> SchedulerStats:
+        return self.call_utility("get_scheduler_stats")
+
+    async def get_scheduler_stats_async(self) -> SchedulerStats:
+        return await self.call_utility_async("get_scheduler_stats")
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.call_utility("reset_prefix_cache"))
+
+    async def reset_prefix_cache_async(self) -> bool:
+        return bool(await self.call_utility_async("reset_prefix_cache"))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine thread (the core stays usable: `AsyncLLM(engine=...)` hands it back). Idempotent."""
+        self._stop.set()
+        self._commands.put(("wake", None))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    def shutdown(self) -> None:
+        self.stop()
+        if not self._thread.is_alive():
+            self.engine_core.shutdown()
+
+    # ------------------------------------------------------------------ the engine thread
+    def _run_busy_loop(self) -> None:
+        """Until stopped: run the queued commands (blocking while idle), then one step (`run_busy_loop`)."""
+        core = self.engine_core
+        holds_pool = False   # whether this thread may hold an OpenMP pool from its last steps
+        try:
+            while not self._stop.is_set():
+                busy = core.has_unfinished_requests()
+                if not busy and holds_pool:   # idle: give the pool back to whoever computes next (system_utils)
+                    release_libgomp_threads()
+                    holds_pool = False
+                self._drain_commands(block=not busy)
+                if self._stop.is_set():
+                    break
+                if core.has_unfinished_requests():
+                    self._step()
+                    holds_pool = True
+        except BaseException as error:  # a bug in the loop itself: fail everyone, refuse new requests
+            logger.exception("the engine loop died")
+            self._dead_message = f"the engine loop died: {error!r}"
+            self._deliver(EngineDeadError(self._dead_message))
+        finally:
+            self._refuse_queued(EngineDeadError(self._dead_message or "the engine core has been shut down"))
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle_command(*command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle_command(self, kind: str, payload: Any) -> None:
+        core = self.engine_core
+        if kind == "add":
+            try:
+                core.add_request(payload)
+            except Exception as error:  # noqa: BLE001  (only this request fails; the core goes on)
+                logger.exception("engine core refused request %s", payload.request_id)
+                self._deliver(EngineCoreOutputs(
+                    failed_requests={payload.request_id: f"the engine core refused the request: {error!r}"}))
+        elif kind == "finish":
+            request_ids, status = payload
+            core.finish_requests(request_ids, status)
+        elif kind == "utility":
+            from mini.engine.core_proc import UTILITY_METHODS
+
+            method, args, future = payload
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(UTILITY_METHODS[method](_InprocView(core), *args))
+                except Exception as error:  # noqa: BLE001  (the caller gets the error, the core carries on)
+                    future.set_exception(error)
+
+    def _step(self) -> None:
+        core = self.engine_core
+        try:
+            outputs = core.step()
+        except Exception as error:
+            logger.exception("engine step failed; aborting the requests in flight")
+            failed = list(core.scheduler.requests)
+            core.abort_requests(failed)   # if this raises too, the loop dies (and says why)
+            self._deliver(EngineCoreOutputs(failed_requests=dict.fromkeys(failed, f"{error!r}"),
+                                            scheduler_stats=SchedulerStats.from_scheduler(core.scheduler)))
+            return
+        if outputs:
+            self._deliver(EngineCoreOutputs(outputs=outputs,
+                                            scheduler_stats=SchedulerStats.from_scheduler(core.scheduler)))
+
+    def _refuse_queued(self, error: BaseException) -> None:
+        while True:  # utility calls still queued: answer them with the error
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "utility" and not payload[-1].done():
+                payload[-1].set_exception(error)
 
 
 # ---------------------------------------------------------------------------- the child process

@@ -1,17 +1,18 @@
 """Data parallelism: N engine cores behind one front end, each request to the least-loaded core.
 
+Why a file of its own (vLLM keeps these clients in core_client.py): core_client.py already holds four clients
+(in process, sync, asyncio, in-process asyncio); the N-core clients build on them and read on their own.
+
 Mirrors vllm/v1/engine/core_client.py (`DPAsyncMPClient`, `DPLBAsyncMPClient`: one front end, N engine-core
 processes, requests load-balanced, aborts sent to the owning core, the cores' outputs merged into one stream)
 and the part of vllm/v1/engine/coordinator.py (`DPCoordinator`) that collects each core's `[waiting, running]`
 counts for the balancer. The routing rule itself is `mini.engine.dp_routing` (the `data_parallel` role).
-Why a file of its own (vLLM keeps these clients in core_client.py): core_client.py already holds three
-clients and the child-process plumbing; the N-core clients build on them and read on their own.
 
     DPSyncMPClient(config)       config.data_parallel_size = N cores, each a `SyncMPClient` (its own child
                                  process, its own ZMQ sockets, the whole model: data parallelism copies the
                                  model, tensor parallelism splits it), behind `LLMEngine.step`
     DPAsyncMPClient(config)      the same behind asyncio (`AsyncMPClient`'s surface): what `AsyncLLM`'s
-                                 output-handler task reads for the server (mini/engine/async_llm_mp.py)
+                                 output-handler task reads for the server (mini/engine/async_llm.py)
     add_request(_async)          DPLoadBalancer.route -> that core; the balancer counts it as waiting there
                                  until the core's next stats arrive (vLLM's client does the same between two
                                  coordinator publications)

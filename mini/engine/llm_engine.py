@@ -62,8 +62,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, parts: dict[str, Any] | None = None, *,
                  asyncio_mode: bool = False) -> None:
-        """`asyncio_mode` (multiprocess only): the client is an `AsyncMPClient` / `DPAsyncMPClient` for
-        `AsyncLLM`'s output-handler task (mini/engine/async_llm_mp.py); `step()` is then not used."""
+        """`asyncio_mode`: the client is an asyncio one (`AsyncMPClient` / `DPAsyncMPClient`, in process
+        `AsyncInprocClient`) for `AsyncLLM`'s output-handler task (mini/engine/async_llm.py); `step()` is then not
+        used."""
         # Which implementation each role runs (mini/roles.py), chosen once here: `parts` on top of any
         # `mini.roles.use(...)` block the engine is built in (what the course's `labs.plug` opens).
         self.choices: Choices = choose(parts)

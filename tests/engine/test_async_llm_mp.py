@@ -1,7 +1,6 @@
-"""AsyncLLM in multiprocess mode is vLLM's design: an AsyncMPClient read by an output-handler task, no engine thread.
-
-mini/engine/async_llm_mp.py. Greedy streams match the in-process (thread) design token for token; bad input is
-refused before anything is queued; a dead core fails every open stream with EngineDeadError.
+"""AsyncLLM in multiprocess mode (mini/engine/async_llm.py over an AsyncMPClient), vLLM's design: an output-handler
+task, no engine thread. Greedy streams match the in-process client's (the core stepped on a thread) token for token;
+bad input is refused before anything is queued; a dead core fails every open stream with EngineDeadError.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ import pytest
 from patience import HANG_GUARD_S
 
 from mini.engine.async_llm import AsyncLLM, EngineDeadError
-from mini.engine.async_llm_mp import MPAsyncLLM
-from mini.engine.core_client import AsyncMPClient
+from mini.engine.core_client import AsyncInprocClient, AsyncMPClient
 from mini.entrypoints.openai.api_server import build_app, serve_in_thread
 from mini.sampling_params import RequestOutputKind, SamplingParams
 
@@ -53,14 +51,14 @@ def inproc_tokens() -> list[list[int]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "0")
         engine = AsyncLLM(None)
-        assert type(engine) is AsyncLLM   # the thread design
+        assert isinstance(engine.engine_core, AsyncInprocClient)   # the core stepped on a thread here
         return _streams(engine)
 
 
 def test_16_streams_match_the_inproc_design_token_for_token(monkeypatch, inproc_tokens):
     monkeypatch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "1")
     engine = AsyncLLM(None)
-    assert isinstance(engine, MPAsyncLLM) and isinstance(engine.engine_core, AsyncMPClient)
+    assert isinstance(engine.engine_core, AsyncMPClient)
     assert all(len(tokens) == MAX_TOKENS for tokens in inproc_tokens)
     assert _streams(engine) == inproc_tokens
     assert engine.output_handler is not None   # the task that read every output
@@ -70,7 +68,7 @@ def test_server_runs_the_output_handler_design(monkeypatch, inproc_tokens):
     """The OpenAI server's engine: no engine thread, an AsyncMPClient; its 16 streams give the inproc text."""
     monkeypatch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "1")
     engine = AsyncLLM.from_engine_args(max_num_seqs=16)
-    assert isinstance(engine, MPAsyncLLM) and isinstance(engine.engine_core, AsyncMPClient)
+    assert isinstance(engine.engine_core, AsyncMPClient)
     tokenizer = engine.tokenizer
 
     async def stream(client: httpx.AsyncClient, prompt: str) -> str:

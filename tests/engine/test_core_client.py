@@ -16,6 +16,7 @@ from mini import LLM, SamplingParams
 from mini.config import EngineConfig
 from mini.engine.async_llm import AsyncLLM, generate_stream, output_handler_step
 from mini.engine.core_client import (
+    AsyncInprocClient,
     AsyncMPClient,
     EngineCoreClient,
     InprocClient,
@@ -43,8 +44,12 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "maybe")
     with pytest.raises(ValueError, match="MINI_ENABLE_V1_MULTIPROCESSING must be 0 or 1"):
         multiprocessing_enabled()
-    with pytest.raises(ValueError, match="asyncio"):
-        EngineCoreClient.make_client(False, True, CONFIG)
+    client = EngineCoreClient.make_client(False, True, CONFIG)   # AsyncLLM in process: the core on a thread
+    try:
+        assert isinstance(client, AsyncInprocClient) and client.is_alive() and not client.is_multiprocess
+    finally:
+        client.shutdown()
+    assert not client.is_alive()
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,8 @@
 
 Mirrors vllm/v1/metrics/loggers.py (PrometheusStatLogger), with vLLM's metric names under the `mini:`
 prefix instead of `vllm:`. `AsyncLLM` calls `record(scheduler_stats, iteration_stats)` after every step: from
-its output-handler task (the engine core in a child process, the default) or its engine thread (in process);
-prometheus_client's metrics are thread-safe. Each logger owns its registry, so
-two servers in one process (tests) do not collide.
+its output-handler task, on the event loop in both modes; prometheus_client's metrics are thread-safe. Each
+logger owns its registry, so two servers in one process (tests) do not collide.
 
     mini:num_requests_running / mini:num_requests_waiting    gauges
     mini:kv_cache_usage_perc                                  gauge, 0..1 (fraction of usable blocks in use)
