@@ -49,7 +49,7 @@ from mini.core.request import RequestStatus
 from mini.engine import EngineCoreOutput, EngineCoreRequest
 from mini.engine.core import EngineCore
 from mini.engine.exceptions import EngineDeadError, EngineInternalsError, EngineStepError
-from mini.engine.utils import (  # the process start-up (vLLM's v1/engine/utils.py)
+from mini.engine.utils import (  # the process start-up (vllm/v1/engine/utils.py)
     ENV_MULTIPROCESSING,
     POLL_MS,
     launch_core_engine,
