@@ -363,6 +363,8 @@ class AsyncInprocClient(EngineCoreClient):
                 if core.has_unfinished_requests():
                     self._step()
                     holds_pool = True
+            if holds_pool:   # stopped: the pool's workers are joined now, not whenever the runtime gets to them
+                release_libgomp_threads()
         except BaseException as error:  # a bug in the loop itself: fail everyone, refuse new requests
             logger.exception("the engine loop died")
             self._dead_message = f"the engine loop died: {error!r}"
