@@ -66,7 +66,6 @@ from mini.engine.core_proc import run_engine_core
 from mini.engine.exceptions import EngineDeadError, EngineInternalsError, EngineStepError
 from mini.metrics import message_trace
 from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices
 from mini.serial_utils import (
     EngineCoreOutputs,
     EngineCoreOutputType,
@@ -123,7 +122,7 @@ class EngineCoreClient:
 
     @staticmethod
     def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig,
-                    choices: Choices | None = None, while_starting: Callable[[], Any] | None = None
+                    while_starting: Callable[[], Any] | None = None
                     ) -> EngineCoreClient:
         """`while_starting` (multiprocess only): work for the front end to do while the child starts, its result
         kept as the client's `started_alongside` (LLMEngine loads its tokenizer there)."""
@@ -131,11 +130,11 @@ class EngineCoreClient:
             if not multiprocess_mode:
                 raise ValueError("an asyncio engine-core client runs the core in a child process; in-process "
                                  "asyncio callers use mini.engine.async_llm.InprocEngineCore")
-            return AsyncMPClient(config, choices, while_starting=while_starting)
+            return AsyncMPClient(config, while_starting=while_starting)
         if multiprocess_mode:
             # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread.
-            return SyncMPClient(config, choices, front_end_threads=0, while_starting=while_starting)
-        return InprocClient(config, choices)
+            return SyncMPClient(config, front_end_threads=0, while_starting=while_starting)
+        return InprocClient(config)
 
     is_multiprocess = False
     startup: dict[str, Any]
@@ -171,8 +170,8 @@ class EngineCoreClient:
 class InprocClient(EngineCoreClient):
     """The engine core in this process (vLLM's `InprocClient`): `get_output` runs one step."""
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
-        self.engine_core = EngineCore(config, choices=choices)
+    def __init__(self, config: EngineConfig) -> None:
+        self.engine_core = EngineCore(config)
         self.startup = self.engine_core.startup_info()
         self.started_alongside = self.engine_core.tokenizer   # one tokenizer for the front end and the core
 
@@ -271,11 +270,11 @@ class MPClient(EngineCoreClient):
 
     is_multiprocess = True
 
-    def __init__(self, config: EngineConfig, choices: Choices | None, asyncio_mode: bool,
+    def __init__(self, config: EngineConfig, asyncio_mode: bool,
                  front_end_threads: int = 1, while_starting: Callable[[], Any] | None = None) -> None:
         method = start_method()
         if method == "spawn":
-            _check_picklable(config, choices)
+            _check_picklable(config)
         self.resources = resources = BackgroundResources()
         self._finalizer = weakref.finalize(self, resources.close)
         resources.socket_dir = tempfile.mkdtemp(prefix="mini-engine-")
@@ -292,7 +291,7 @@ class MPClient(EngineCoreClient):
         mp_context = multiprocessing.get_context(method)
         resources.proc = mp_context.Process(
             target=run_engine_core, name="mini-engine-core",
-            args=(config, choices, input_address, output_address, resources.socket_dir,
+            args=(config, input_address, output_address, resources.socket_dir,
                   _torch_threads(front_end_threads)))
         if method == "fork":
             release_libgomp_threads()   # or the child hangs in, or throttles, its OpenMP (mini/system_utils.py)
@@ -428,9 +427,9 @@ def _torch_threads(front_end_threads: int = 1) -> int:
     return max(1, torch.get_num_threads() - front_end_threads)
 
 
-def _check_picklable(config: EngineConfig, choices: Choices | None) -> None:
+def _check_picklable(config: EngineConfig) -> None:
     try:
-        pickle.dumps((config, choices))
+        pickle.dumps(config)
     except Exception as error:
         raise TypeError(
             f"the engine core starts with 'spawn' here (CUDA is initialized in this process, or "
@@ -457,9 +456,9 @@ class SyncMPClient(MPClient):
     their caller's future, and the child's end (its sentinel becoming readable) to both as EngineDeadError.
     """
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None, front_end_threads: int = 1,
+    def __init__(self, config: EngineConfig, front_end_threads: int = 1,
                  while_starting: Callable[[], Any] | None = None) -> None:
-        super().__init__(config, choices, asyncio_mode=False, front_end_threads=front_end_threads,
+        super().__init__(config, asyncio_mode=False, front_end_threads=front_end_threads,
                          while_starting=while_starting)
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         self._utility_futures: dict[int, Future] = {}
@@ -572,9 +571,9 @@ class AsyncMPClient(MPClient):
     `output_handler_step` and `generate_stream` use, as `InprocEngineCore` offers in process.
     """
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None,
+    def __init__(self, config: EngineConfig,
                  while_starting: Callable[[], Any] | None = None) -> None:
-        super().__init__(config, choices, asyncio_mode=True, while_starting=while_starting)
+        super().__init__(config, asyncio_mode=True, while_starting=while_starting)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outputs_queue: asyncio.Queue | None = None
         self._utility_futures: dict[int, asyncio.Future] = {}
