@@ -15,6 +15,8 @@ from mini import LLM, SamplingParams, roles
 from mini.attention.cpu_paged import CpuAttentionBackend
 from mini.attention.reference import ReferenceAttentionBackend
 from mini.model.llama import LlamaForCausalLM
+from mini.sample.sampler import ReferenceSampler, Sampler
+from mini.structured_output.bitmask import BitmaskApplier, TorchBitmaskApplier
 from mini.worker.input_batch import InputBatch
 from mini.worker.model_runner import ModelRunner, ReferenceModelRunner
 
@@ -55,6 +57,24 @@ def test_an_engine_built_without_parts_uses_the_home_classes(tiny_llama_dir):
     assert type(engine.model_runner.input_batch) is InputBatch
     assert type(engine.model) is LlamaForCausalLM
     assert type(engine.model.attention_backend) is CpuAttentionBackend   # the CPU default
+
+
+def test_the_default_engine_builds_the_fast_classes_and_a_plugged_one_the_reference_classes(tiny_llama_dir):
+    """No fast path asks what was replaced: the engine picks the fast class or the role's reference class (with
+    the part bound in) once, when it is built (mini/roles.py `Role.reference_classes`)."""
+    runner = build(tiny_llama_dir).llm_engine.model_runner
+    assert (type(runner), type(runner.sampler), type(runner.bitmask_applier)) == (ModelRunner, Sampler, BitmaskApplier)
+    replacements = {name: roles.reference(name) for name in ("compute_slot_mapping", "random_sample",
+                                                               "apply_token_bitmask_inplace")}
+    with plug(**replacements):
+        plugged = build(tiny_llama_dir).llm_engine.model_runner
+    for component, reference_class, part in ((plugged, ReferenceModelRunner, "compute_slot_mapping"),
+                                              (plugged.sampler, ReferenceSampler, "random_sample"),
+                                              (plugged.bitmask_applier, TorchBitmaskApplier,
+                                               "apply_token_bitmask_inplace")):
+        assert type(component).__bases__ == (reference_class,), (part, type(component))
+        assert getattr(type(component), part) is replacements[part]
+    assert plugged.bitmask_applier.op is replacements["apply_token_bitmask_inplace"]
 
 
 def test_a_replaced_input_helper_runs_inside_the_reference_composition(tiny_llama_dir, expected):
