@@ -8,7 +8,9 @@ Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_
      mini's choice: a preempted request comes in `finished_req_ids` and returns whole in
      `scheduled_new_reqs`; vLLM v0.33.0 keeps its state and resumes it through `scheduled_cached_reqs`
      (`resumed_req_ids`, block ids replaced rather than extended).
-  2. `prepare_inputs` (prepare_inputs.py): the flat input_ids / positions / slot_mapping / block_table.
+  2. the flat input_ids / positions / slot_mapping / block_table: gathered from the persistent buffers
+     (fast_inputs.py) by `ModelRunner`, composed by `prepare_inputs` (prepare_inputs.py) in the readable
+     `ReferenceModelRunner` (the class an engine with a replaced `input_preparation` part builds).
   3. forward through the model, which writes K/V into `kv_caches` and reads them back (paged attention);
      on CUDA a decode-only step replays a CUDA graph captured at start-up instead (cuda_graph.py).
   4. logits only at `logits_indices` (each request's last scheduled token), then the sampler (vLLM v0.33.0
