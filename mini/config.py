@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mini import roles
 from mini.attention import ATTENTION_BACKEND_MODULES
 from mini.compilation import (
     CompilationMode,
@@ -114,9 +115,16 @@ class EngineConfig:
     # step N runs; vLLM's default is on, mini's off (`validate_async_scheduling` below says why and what it refuses).
     async_scheduling: bool = field(default=False, metadata={
         "help": "schedule the next step while the model runs this one (vLLM's async scheduling)"})
+    # The course's replaced parts (mini/roles.py), part name -> implementation: what `labs.plug` sets for an
+    # engine built inside its block. Each component resolves its class from it where it is built
+    # (`roles.resolve(config, Scheduler)`), as vLLM's `scheduler_cls` and `logits_processors` name classes.
+    parts: dict = field(default_factory=dict, repr=False, metadata={
+        "help": "replaced parts of the engine's roles (mini/roles.py; set by labs.plug)", "cli": False,
+        "engine_arg": False})
 
     def __post_init__(self) -> None:  # noqa: C901 - a flat list of field checks, as vLLM's config validation
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        roles.validate(self.parts)
         if self.speculative_config is not None and self.logits_processors:
             raise ValueError("speculative_config cannot be combined with custom logits_processors: a processor "
                              "sees one position per row, while verification scores k + 1 positions at once")
@@ -234,7 +242,9 @@ class EngineConfig:
 
 
 # ---------------------------------------------------------------------------- engine arguments
-ENGINE_ARG_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EngineConfig))
+# `parts` is set by the course (labs.plug, through mini.roles), never passed to `LLM(...)`: not an engine argument.
+ENGINE_ARG_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EngineConfig)
+                                          if f.metadata.get("engine_arg", True))
 
 
 def engine_config_from_args(**engine_args: Any) -> EngineConfig:

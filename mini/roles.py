@@ -1,8 +1,8 @@
-"""Roles: the few places where the engine lets an implementation be chosen, resolved once when it is built.
+"""Roles: the few places where the engine lets an implementation be chosen, resolved once where each is built.
 
-Mirrors the idea behind vLLM's platform-chosen implementations: `CustomOp` (vllm/model_executor/custom_op.py)
-picks `forward_native` or `forward_cuda` for an op, and the attention selector
-(vllm/v1/attention/selector.py) picks a backend class, both when the model is built, never per call.
+Mirrors vLLM's ways of choosing a class when the engine is built, never per call: `scheduler_cls` in
+SchedulerConfig (vllm/config/scheduler.py), `logits_processors=[cls]`, `CustomOp.register_oot`
+(vllm/model_executor/custom_op.py), and the attention selector (vllm/v1/attention/selector.py).
 mini names its roles in the table below. Each role has a home: one or a few classes (the block pool,
 the scheduler, the sampler, ...) whose *parts* are class attributes (methods, static functions, a nested
 class, a Triton kernel). A part is what a course exercise writes.
@@ -11,23 +11,28 @@ class, a Triton kernel). A part is what a course exercise writes.
     roles.ROLES                      # every role and its parts; importing `mini` imports no engine module
     roles.reference("touch")         # the engine's own implementation of a part
 
-    choices = roles.choose({"touch": my_touch})     # what LLMEngine does once, at construction
-    BlockPoolClass = choices.resolve(BlockPool)     # BlockPool itself, or a subclass with my_touch as `touch`
+    config = EngineConfig(parts={"touch": my_touch})   # what was replaced is a config field
+    BlockPoolClass = roles.resolve(config, BlockPool)  # BlockPool itself, or a subclass with my_touch as `touch`
 
-A home class with no part replaced is used as is (its fast paths are its default behaviour); with some
-replaced, `resolve` returns a subclass built once whose `replaced_parts` names them, so a fast path that
-fuses those parts is switched off when the object is built (`self.replaced_parts` is read in `__init__`,
-never per call). A reference static function that calls a sibling part takes it as a keyword-only
-parameter of the same name (`def subset_construction(nfa, *, epsilon_closure=epsilon_closure)`): when the
-sibling is replaced, `resolve` binds the replacement there.
+The replaced parts travel in `EngineConfig.parts` (into the engine-core and worker processes with the rest
+of the config), and each component resolves its own class from the config where it is built. A home class
+with none of its parts replaced is used as is: that is the engine's fast class. Where the fast class fuses
+or skips some parts (the sampler's fused top-k draw, the runner's persistent input buffers, the Triton
+bitmask kernel, the CPU attention kernels), the role names a readable *reference class* beside it
+(`Role.reference_classes`), which calls every part; replacing a part builds that reference class, with the
+part in place. No fast path asks what was replaced. A reference static function that calls a sibling part
+takes it as a keyword-only parameter of the same name (`def subset_construction(nfa, *,
+epsilon_closure=epsilon_closure)`): when the sibling is replaced, `resolve` binds the replacement there.
 
 `use(**parts)` (what the course's `labs.plug` calls) makes parts the default choice of every engine
-*built* inside the `with` block; an engine built outside it, or before it, keeps what it chose.
+*built* inside the `with` block (`with_pending` copies them into the engine's config); an engine built
+outside it, or before it, keeps what it chose.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -44,6 +49,9 @@ class Role:
     name: str
     summary: str
     homes: Mapping[str, tuple[str, ...]]  # "module:Class" -> the parts (class attribute names) it holds
+    # "module:FastClass" -> "module:ReferenceClass": where the engine's fast class fuses or skips the parts, the
+    # readable class that calls each of them; an engine replacing one of them builds the reference class.
+    reference_classes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -66,14 +74,16 @@ ROLES: tuple[Role, ...] = (
                                                    "compute_positions", "compute_slot_mapping",
                                                    "build_attention_metadata",
                                                    "run_model"),
-          "mini.worker.input_batch:InputBatch": ("condense",)}),
+          "mini.worker.input_batch:InputBatch": ("condense",)},
+         {"mini.worker.model_runner:ModelRunner": "mini.worker.model_runner:ReferenceModelRunner"}),
     Role("model", "the decoder's own operators, and the classes of its layers that hold a tensor-parallel collective",
          {"mini.model.llama:LlamaForCausalLM": ("rms_norm", "apply_rotary", "RowParallelLinear",
                                                 "VocabParallelEmbedding")}),
     Role("attention", "the attention backend: write K/V into the paged cache, attend over it",
          {"mini.attention.reference:ReferenceAttentionBackend": ("store_kv", "gather_kv", "paged_attention"),
           "mini.attention.triton_paged:TritonAttentionBackend": ("triton_store_kv", "paged_decode",
-                                                                 "_store_kv_kernel", "_paged_decode_kernel")}),
+                                                                 "_store_kv_kernel", "_paged_decode_kernel")},
+         {"mini.attention.cpu_paged:CpuAttentionBackend": "mini.attention.reference:ReferenceAttentionBackend"}),
     Role("sampler", "logits -> tokens: temperature, penalties, top-k/top-p, sampling, logprobs, logits processors, "
                     "rejection sampling of drafts",
          {"mini.sample.sampler:Sampler": ("apply_temperature", "apply_bad_words", "apply_all_penalties",
@@ -81,14 +91,16 @@ ROLES: tuple[Role, ...] = (
           "mini.sample.logits_processor.state:LogitsProcessors": ("process_dict_updates", "MinPLogitsProcessor",
                                                                    "LogitBiasLogitsProcessor",
                                                                    "MinTokensLogitsProcessor"),
-          "mini.sample.rejection_sampler:RejectionSampler": ("compute_residual_probs", "rejection_sample")}),
+          "mini.sample.rejection_sampler:RejectionSampler": ("compute_residual_probs", "rejection_sample")},
+         {"mini.sample.sampler:Sampler": "mini.sample.sampler:ReferenceSampler"}),
     Role("drafter", "proposes draft tokens for speculative decoding",
          {"mini.spec_decode.ngram_proposer:NgramProposer": ("propose_ngram",),
           "mini.spec_decode.eagle:EagleProposer": ("prepare_eagle_inputs", "compute_draft_slots")}),
     Role("structured_output", "grammar -> token automaton -> per-step bitmask, and applying the mask",
          {"mini.structured_output.backend_mini:MiniGrammarCompiler": ("epsilon_closure", "subset_construction",
                                                                       "pack_allowed", "allowed_token_ids"),
-          "mini.structured_output.bitmask:BitmaskApplier": ("apply_token_bitmask_inplace",)}),
+          "mini.structured_output.bitmask:BitmaskApplier": ("apply_token_bitmask_inplace",)},
+         {"mini.structured_output.bitmask:BitmaskApplier": "mini.structured_output.bitmask:TorchBitmaskApplier"}),
     Role("detokenizer", "token ids -> text, a few bytes at a time, and stop strings",
          {"mini.engine.detokenizer:OffsetIncrementalDetokenizer": ("detokenize_incrementally",
                                                                    "check_stop_strings")}),
@@ -99,6 +111,8 @@ ROLES: tuple[Role, ...] = (
 _ROLE_OF_PART: dict[str, Role] = {part: role for role in ROLES for part in role.parts}
 _HOME_OF_PART: dict[str, str] = {part: home for role in ROLES for home, parts in role.homes.items()
                                  for part in parts}
+_REFERENCE_CLASS: dict[str, str] = {fast: readable for role in ROLES
+                                    for fast, readable in role.reference_classes.items()}
 if len(_ROLE_OF_PART) != sum(len(role.parts) for role in ROLES):  # pragma: no cover - a table error
     raise RuntimeError("a part is listed twice in mini.roles.ROLES")
 
@@ -115,11 +129,15 @@ def role_of(part: str) -> Role:
     return _ROLE_OF_PART[part]
 
 
+def _import_class(key: str) -> type:
+    module_name, class_name = key.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
 def home_class(part: str) -> type:
     """The class whose attribute `part` is (imports its module on first use)."""
     role_of(part)
-    module_name, class_name = _HOME_OF_PART[part].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return _import_class(_HOME_OF_PART[part])
 
 
 def reference(part: str) -> Any:
@@ -132,7 +150,10 @@ def _home_key(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _validate(parts: Mapping[str, Any]) -> None:
+def validate(parts: Mapping[str, Any]) -> None:
+    """A clear error for a name that is no part, or a value that is not callable."""
+    if not isinstance(parts, Mapping):
+        raise TypeError(f"parts must be a dict of part name -> function, got {type(parts).__name__}")
     unknown = sorted(set(parts) - set(_ROLE_OF_PART))
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}; allowed names: {part_names()}")
@@ -148,7 +169,7 @@ _PENDING_LOCK = threading.Lock()
 @contextlib.contextmanager
 def use(**parts: Any) -> Iterator[None]:
     """Make `parts` the choice of every engine built inside the `with` block (nested blocks stack)."""
-    _validate(parts)
+    validate(parts)
     frame = dict(parts)
     with _PENDING_LOCK:
         _PENDING.append(frame)
@@ -171,43 +192,51 @@ def pending() -> dict[str, Any]:
     return merged
 
 
-@dataclass(frozen=True)
-class Choices:
-    """What an engine chose, once, when it was built: the replaced parts, and the classes they make."""
+def with_pending(config: Any, parts: Mapping[str, Any] | None = None) -> Any:
+    """`config` with the parts of enclosing `use` blocks, then its own `parts`, then `parts`, in `config.parts`.
 
-    parts: Mapping[str, Any] = field(default_factory=dict)
-    _classes: dict[str, type] = field(default_factory=dict, repr=False, compare=False)
-
-    def replaced(self, role: str) -> tuple[str, ...]:
-        """The parts of `role` this engine replaces (empty: the role runs its default implementation)."""
-        return tuple(part for part in self.parts if _ROLE_OF_PART[part].name == role)
-
-    def resolve(self, cls: type) -> type:
-        """`cls` itself when none of its parts is replaced, else a subclass (built once) that holds them."""
-        key = _home_key(cls)
-        mine = {part: value for part, value in self.parts.items() if _HOME_OF_PART[part] == key}
-        if not mine:
-            return cls
-        if key not in self._classes:
-            self._classes[key] = with_parts(cls, mine)
-        return self._classes[key]
+    What an engine does once, when it is built (LLMEngine, EngineCore); `config` itself when nothing is chosen.
+    """
+    chosen = {**pending(), **config.parts, **(parts or {})}
+    if chosen == dict(config.parts):
+        return config
+    return dataclasses.replace(config, parts=chosen)
 
 
-DEFAULT = Choices()
+def replaced(config: Any, *role_names: str) -> tuple[str, ...]:
+    """The parts of the roles `role_names` that `config` replaces (empty: they run the engine's own)."""
+    parts = getattr(config, "parts", None) or {}
+    return tuple(part for part in parts if _ROLE_OF_PART[part].name in role_names)
 
 
-def choose(parts: Mapping[str, Any] | None = None) -> Choices:
-    """The choices of an engine being built: the parts of enclosing `use` blocks, then `parts` on top."""
-    chosen = pending()
-    if parts:
-        _validate(parts)
-        chosen.update(parts)
-    return Choices(dict(chosen)) if chosen else DEFAULT
+_BUILT: dict[tuple, tuple[type, tuple[Any, ...]]] = {}   # (class, parts by identity) -> (subclass, the parts)
+_BUILT_LOCK = threading.Lock()
+
+
+def resolve(config: Any, cls: type) -> type:
+    """The class the engine configured by `config` builds where the code names `cls`.
+
+    `cls` itself when `config.parts` (None: no config) replaces none of the parts that class runs; else the
+    role's reference class for `cls` (`Role.reference_classes`; `cls` when it has none) subclassed once, with
+    the parts in place of its own.
+    """
+    parts = getattr(config, "parts", None) or {}
+    key = _home_key(cls)
+    reference_key = _REFERENCE_CLASS.get(key, key)
+    mine = {part: value for part, value in parts.items() if _HOME_OF_PART[part] in (key, reference_key)}
+    if not mine:
+        return cls
+    base = cls if reference_key == key else _import_class(reference_key)
+    cache_key = (base, tuple(sorted((name, id(value)) for name, value in mine.items())))
+    with _BUILT_LOCK:
+        if cache_key not in _BUILT:   # the parts are held too, so no id is reused while the entry lives
+            _BUILT[cache_key] = (with_parts(base, mine), tuple(mine.values()))
+        return _BUILT[cache_key][0]
 
 
 def with_parts(cls: type, parts: Mapping[str, Any]) -> type:
     """A subclass of home class `cls` with `parts` in place of its own (static parts stay static)."""
-    attributes: dict[str, Any] = {"replaced_parts": frozenset(parts), "__module__": cls.__module__}
+    attributes: dict[str, Any] = {"__module__": cls.__module__}
     for name, value in parts.items():
         attributes[name] = staticmethod(value) if isinstance(inspect.getattr_static(cls, name), staticmethod) \
             else value
@@ -232,5 +261,5 @@ def _keyword_only(function: Any) -> list[str]:
     return [p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
-__all__ = ["DEFAULT", "ROLES", "Choices", "Role", "choose", "home_class", "part_names", "reference",
-           "role_of", "use", "with_parts"]
+__all__ = ["ROLES", "Role", "home_class", "part_names", "pending", "reference", "replaced", "resolve", "role_of",
+           "use", "validate", "with_parts", "with_pending"]

@@ -1,5 +1,6 @@
-"""mini/roles.py: roles are discoverable from `import mini`, chosen once when an engine is built, and a
-replaced part lives in a subclass of its home class (static parts stay static, siblings are bound)."""
+"""mini/roles.py: roles are discoverable from `import mini`, the replaced parts travel in `EngineConfig.parts`
+and are resolved once where each component is built, a replaced part lives in a subclass of its home class (or
+of the role's reference class; static parts stay static, siblings are bound), and no fast path asks."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import sys
 import pytest
 
 from mini import roles
+from mini.config import EngineConfig
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_manager import KVCacheManager
 
 MINI = pathlib.Path(roles.__file__).parent
+CONFIG = EngineConfig()
 
 
 def test_import_mini_lists_every_role_without_importing_an_engine_module():
@@ -53,15 +56,19 @@ def test_no_call_time_registry_is_left_in_the_engine():
 
 def test_unknown_or_non_callable_parts_are_refused_naming_the_allowed_ones():
     with pytest.raises(ValueError, match="allowed names") as error:
-        roles.choose({"no_such_part": len})
+        EngineConfig(parts={"no_such_part": len})
     assert "touch" in str(error.value)
     with pytest.raises(TypeError, match="touch"):
-        roles.choose({"touch": 42})
+        EngineConfig(parts={"touch": 42})
+    with pytest.raises(TypeError, match="parts must be a dict"):
+        EngineConfig(parts=[("touch", len)])
 
 
 def test_no_replacement_resolves_to_the_home_class_itself():
-    assert roles.choose() is roles.DEFAULT
-    assert roles.DEFAULT.resolve(BlockPool) is BlockPool
+    assert EngineConfig().parts == {}
+    assert roles.resolve(EngineConfig(), BlockPool) is BlockPool
+    assert roles.resolve(None, BlockPool) is BlockPool
+    assert roles.with_pending(CONFIG) is CONFIG   # nothing chosen: the same config, not a copy
 
 
 def test_a_replaced_method_lives_in_a_subclass_built_once():
@@ -71,19 +78,20 @@ def test_a_replaced_method_lives_in_a_subclass_built_once():
         calls.append(num_blocks)
         return BlockPool.get_new_blocks(self, num_blocks)
 
-    choices = roles.choose({"get_new_blocks": get_new_blocks})
-    cls = choices.resolve(BlockPool)
-    assert cls is not BlockPool and issubclass(cls, BlockPool) and cls is choices.resolve(BlockPool)
-    assert cls.replaced_parts == frozenset({"get_new_blocks"}) and BlockPool.replaced_parts == frozenset()
+    config = EngineConfig(parts={"get_new_blocks": get_new_blocks})
+    cls = roles.resolve(config, BlockPool)
+    assert cls is not BlockPool and issubclass(cls, BlockPool) and cls is roles.resolve(config, BlockPool)
+    assert cls.get_new_blocks is get_new_blocks and BlockPool.get_new_blocks is not get_new_blocks
     assert len(cls(4).get_new_blocks(2)) == 2 and calls == [2]
-    assert choices.replaced("kv_cache") == ("get_new_blocks",) and choices.replaced("scheduler") == ()
+    assert roles.replaced(config, "kv_cache") == ("get_new_blocks",) and roles.replaced(config, "scheduler") == ()
+    assert roles.resolve(config, KVCacheManager) is KVCacheManager   # a part of another home changes nothing
 
 
 def test_a_class_part_is_what_the_pool_builds():
     class MyQueue(kv_cache_utils.FreeKVCacheBlockQueue):
         pass
 
-    manager = KVCacheManager(8, 4, choices=roles.choose({"FreeKVCacheBlockQueue": MyQueue}))
+    manager = KVCacheManager(8, 4, config=EngineConfig(parts={"FreeKVCacheBlockQueue": MyQueue}))
     assert type(manager.block_pool.free_block_queue) is MyQueue
     assert type(KVCacheManager(8, 4).block_pool.free_block_queue) is kv_cache_utils.FreeKVCacheBlockQueue
 
@@ -95,7 +103,7 @@ def test_a_static_part_stays_static_and_a_reference_sibling_calls_the_replacemen
         seen.append(tuple(token_ids))
         return kv_cache_utils.hash_block_tokens(hash_function, parent, token_ids, extra_keys)
 
-    cls = roles.choose({"hash_block_tokens": hash_block_tokens}).resolve(KVCacheManager)
+    cls = roles.resolve(EngineConfig(parts={"hash_block_tokens": hash_block_tokens}), KVCacheManager)
     assert isinstance(inspect.getattr_static(cls, "hash_block_tokens"), staticmethod)
     hashes = cls.hash_request_tokens(2, [1, 2, 3, 4, 5])   # the reference, with the replacement bound in
     assert seen == [(1, 2), (3, 4)]
@@ -111,8 +119,31 @@ def test_use_blocks_stack_and_are_undone_even_after_an_error():
 
     with roles.use(touch=outer):
         with pytest.raises(RuntimeError), roles.use(touch=inner):
-            assert roles.choose().parts == {"touch": inner}
+            assert roles.with_pending(CONFIG).parts == {"touch": inner}
             raise RuntimeError("boom")
-        assert roles.choose().parts == {"touch": outer}
-        assert roles.choose({"touch": inner}).parts == {"touch": inner}   # an explicit choice wins
-    assert roles.choose() is roles.DEFAULT
+        assert roles.with_pending(CONFIG).parts == {"touch": outer}
+        assert roles.with_pending(CONFIG, {"touch": inner}).parts == {"touch": inner}   # an explicit choice wins
+    assert roles.pending() == {} and roles.with_pending(CONFIG) is CONFIG
+
+
+# ------------------------------------------------------------------ no course switch in a fast path
+REMOVED_NAMES = ("replaced_parts", "INPUT_PARTS", "FORWARD_ROLES", "use_fused", "uses_reference_inputs",
+                 "for_choices", "Choices")
+
+
+def test_no_engine_module_asks_what_the_course_replaced():
+    """The fast classes never consult the course: no flag, set or test of replaced parts is left in mini/."""
+    offenders = sorted(f"{path.relative_to(MINI)}: {name}" for path in MINI.rglob("*.py")
+                       for name in REMOVED_NAMES if name in path.read_text())
+    assert offenders == []
+
+
+def test_every_reference_class_is_a_subclass_of_a_home_or_the_home_itself():
+    """A role's reference class calls the parts its fast class fuses: it must hold them (inherit or own them)."""
+    assert roles.ROLES and any(role.reference_classes for role in roles.ROLES)
+    for role in roles.ROLES:
+        for fast, readable in role.reference_classes.items():
+            fast_class, reference_class = roles._import_class(fast), roles._import_class(readable)
+            assert reference_class is not fast_class
+            homes = [roles._import_class(home) for home in role.homes]
+            assert any(issubclass(reference_class, home) for home in homes), (fast, readable)

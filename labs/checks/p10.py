@@ -33,6 +33,7 @@ from labs.checks.common import NotImplementedYet, _where_it_raised, calling, exp
 from labs.checks.grading import graded
 from labs.manifest import Exercise, Phase
 from mini import roles
+from mini.config import EngineConfig
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_manager import KVCacheManager
@@ -261,9 +262,9 @@ class _Side:
 
 def _manager(parts: dict[str, Any], num_gpu_blocks: int, block_size: int, enable_caching: bool = True
              ) -> KVCacheManager:
-    choices = roles.Choices(dict(parts)) if parts else roles.DEFAULT
-    return choices.resolve(KVCacheManager)(num_gpu_blocks, block_size, enable_caching=enable_caching,
-                                           choices=choices)
+    config = EngineConfig(parts=dict(parts))
+    return roles.resolve(config, KVCacheManager)(num_gpu_blocks, block_size, enable_caching=enable_caching,
+                                                 config=config)
 
 
 def _ids(blocks: Any) -> Any:

@@ -80,18 +80,19 @@ def sampling_pipeline_stages(
     A greedy row (temperature 0) stops after the penalties with a one-hot "greedy argmax" stage.
     """
     from mini import roles
+    from mini.config import EngineConfig
     from mini.sample.logits_processor import BatchUpdate, build_logitsprocs
     from mini.sample.sampler import Sampler
     from mini.sampling_params import SAMPLING_EPS
 
-    choices = roles.choose()                # what an engine built here would use (parts of a `plug` block)
-    ops = choices.resolve(Sampler)          # the sampler's parts, as class attributes
+    config = EngineConfig(parts=roles.pending())   # what an engine built here would use (parts of a `plug` block)
+    ops = roles.resolve(config, Sampler)           # the sampler's parts, as class attributes
 
     row = torch.as_tensor(logits, dtype=torch.float32).reshape(1, -1).clone()
     vocab_size = row.shape[1]
     stages = [_stage("raw", "the model's logits", row)]
 
-    processors = build_logitsprocs(None, vocab_size, choices=choices)
+    processors = build_logitsprocs(None, vocab_size, engine_config=config)
     outputs = list(output_token_ids)
     processors.update_state(
         BatchUpdate(batch_size=1, removed=[], added=[(0, params, list(prompt_token_ids), outputs)], moved=[])
@@ -152,6 +153,7 @@ def sampled_frequencies(
 ) -> SampledFrequencies:
     """Draw `num_draws` tokens with mini's `Sampler`: the row repeated `num_draws` times, in one call."""
     from mini import roles
+    from mini.config import EngineConfig
     from mini.sample.metadata import SamplingMetadata
     from mini.sample.sampler import Sampler
 
@@ -165,7 +167,7 @@ def sampled_frequencies(
         vocab_size=vocab_size,
     )
     torch.manual_seed(seed)
-    sampler = roles.choose().resolve(Sampler)()      # with the parts of an enclosing `plug` block, if any
+    sampler = roles.resolve(EngineConfig(parts=roles.pending()), Sampler)()   # with an enclosing `plug` block's parts
     tokens = sampler(row.repeat(num_draws, 1), metadata).sampled_token_ids
     counts = torch.bincount(tokens, minlength=vocab_size).tolist()
     return SampledFrequencies(counts=counts, num_draws=num_draws, tokens=tokens.tolist())

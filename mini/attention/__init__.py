@@ -12,7 +12,7 @@ and reads the one `AttentionMetadata` of mini/attention/metadata.py.
 - "triton": `TritonAttentionBackend` (mini/attention/triton_paged.py), the kernels of phase 07 (the default
   on CUDA).
 
-The engine builds its backend once (`build_attention_backend(name, choices)`) and every layer holds that
+The engine builds its backend once (`build_attention_backend(name, config)`) and every layer holds that
 instance. The reference and Triton backends are homes of the `attention` role (mini/roles.py): an engine
 built with some of their parts replaced builds a subclass holding them; one that asks for "torch_fast"
 while a part of the reference is replaced builds the reference backend instead.
@@ -23,8 +23,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from mini import roles
 from mini.attention.metadata import AttentionMetadata, build_attention_metadata
-from mini.roles import DEFAULT, Choices
 
 ATTENTION_BACKEND_CLASSES = {
     "torch": "mini.attention.reference:ReferenceAttentionBackend",
@@ -34,20 +34,23 @@ ATTENTION_BACKEND_CLASSES = {
 ATTENTION_BACKEND_MODULES = {name: path.split(":")[0] for name, path in ATTENTION_BACKEND_CLASSES.items()}
 
 
-def attention_backend_class(name: str, choices: Choices = DEFAULT) -> type:
-    """The class an engine with `choices` builds for backend `name` (its module is imported on first use)."""
+def attention_backend_class(name: str, config: Any = None) -> type:
+    """The class the engine configured by `config` builds for backend `name` (as vLLM's attention selector,
+    vllm/v1/attention/selector.py, picks a backend class once): the backend itself, or, when `config.parts`
+    replaces some of its parts, the role's reference class holding them (mini/roles.py). Its module is
+    imported on first use."""
     if name not in ATTENTION_BACKEND_CLASSES:
         raise ValueError(f"attention_backend must be one of {tuple(ATTENTION_BACKEND_CLASSES)}, got {name!r}")
     module_name, class_name = ATTENTION_BACKEND_CLASSES[name].split(":")
     backend_class = getattr(importlib.import_module(module_name), class_name)
-    return backend_class.for_choices(choices)
+    return roles.resolve(config, backend_class)
 
 
-def build_attention_backend(backend: str | Any, choices: Choices = DEFAULT) -> Any:
+def build_attention_backend(backend: str | Any, config: Any = None) -> Any:
     """A backend instance from its name (an instance is returned as it is: layers may share one)."""
     if not isinstance(backend, str):
         return backend
-    return attention_backend_class(backend, choices)()
+    return attention_backend_class(backend, config)()
 
 
 __all__ = ["ATTENTION_BACKEND_CLASSES", "ATTENTION_BACKEND_MODULES", "AttentionMetadata", "attention_backend_class",

@@ -18,7 +18,7 @@ results as the readable reference (mini/attention/reference.py); what changes is
 
 An engine whose `attention` role replaces a part of the reference backend (`store_kv`, `gather_kv`,
 `paged_attention`: phase 03's exercises, mini/roles.py) builds the reference backend holding them instead of
-this one (`CpuAttentionBackend.for_choices`), decided once when the engine is built.
+this one (its reference class in mini/roles.py's `attention` role), decided once when the engine is built.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import torch.nn.functional as F
 
 from mini.attention import reference
 from mini.attention.metadata import AttentionBackend, AttentionMetadata
-from mini.attention.reference import ReferenceAttentionBackend
-from mini.roles import Choices
 from mini.utils import cdiv
 
 __all__ = ["AttentionMetadata", "CpuAttentionBackend", "paged_attention", "store_kv"]
@@ -268,15 +266,9 @@ class CpuAttentionBackend(AttentionBackend):
     """The fast CPU backend ("torch_fast", the default on CPU): same results as `ReferenceAttentionBackend`.
 
     It has no parts of its own: an engine that replaces a part of the reference backend builds that
-    backend instead (`for_choices`), so the replacement runs whichever backend the config names.
+    backend instead (the role's reference class for this one, mini/roles.py), so the replacement runs.
     """
 
     name: ClassVar[str] = "torch_fast"
     store_kv = staticmethod(store_kv)
     paged_attention = staticmethod(paged_attention)
-
-    @classmethod
-    def for_choices(cls, choices: Choices) -> type:
-        """This class, or the reference backend's subclass when a part of the reference is replaced."""
-        reference_class = ReferenceAttentionBackend.for_choices(choices)
-        return cls if reference_class is ReferenceAttentionBackend else reference_class

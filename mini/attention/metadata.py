@@ -14,8 +14,6 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from mini.roles import Choices
-
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -68,15 +66,10 @@ __all__ = ["AttentionMetadata", "FlatBatch", "build_attention_metadata"]
 class AttentionBackend:
     """What every backend class shares (vLLM: `AttentionBackend` in vllm/v1/attention/backend.py).
 
-    A backend holds its parts as class attributes (mini/roles.py); `for_choices` is the class an engine with
-    these choices builds: the backend itself, or its subclass holding the replaced parts. A backend whose
-    parts live elsewhere (the CPU fast path hands over to the reference) overrides it.
+    A backend holds its parts as class attributes (mini/roles.py); `roles.resolve(config, backend)` is the
+    class an engine builds: the backend itself, or, with some parts replaced, the role's reference class for
+    it (for the CPU fast path, the reference backend) holding them.
     """
 
     name: ClassVar[str] = ""
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
-
-    @classmethod
-    def for_choices(cls, choices: Choices) -> type:
-        return choices.resolve(cls)
 

@@ -31,7 +31,6 @@ class BlockPool:
     """
 
     FreeKVCacheBlockQueue: ClassVar[type[FreeKVCacheBlockQueue]] = FreeKVCacheBlockQueue
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = False) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:

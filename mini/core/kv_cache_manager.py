@@ -8,14 +8,14 @@ blocks always cover `request.num_computed_tokens + num_new_tokens` tokens.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any
 
+from mini import roles
 from mini.core import kv_cache_utils
 from mini.core.block_pool import BlockPool
 from mini.core.kv_cache_utils import KVCacheBlock
 from mini.core.request import Request
 from mini.metrics.stats import PrefixCacheStats
-from mini.roles import DEFAULT, Choices
 from mini.utils import cdiv
 
 
@@ -43,16 +43,15 @@ class KVCacheManager:
     """Block tables of all requests, on top of one `BlockPool`.
 
     Home of the `kv_cache` role's manager parts (mini/roles.py): `allocate_slots`, the prefix-cache lookup
-    `get_computed_blocks` and the two hash functions; `choices` (what the engine chose when it was built)
-    picks the pool's class.
+    `get_computed_blocks` and the two hash functions; `config` (the engine's EngineConfig; its `parts`,
+    mini/roles.py) picks the pool's class.
     """
 
     hash_block_tokens = staticmethod(kv_cache_utils.hash_block_tokens)
     hash_request_tokens = staticmethod(kv_cache_utils.hash_request_tokens)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = False,
-                 hash_algo: str = "sha256", choices: Choices = DEFAULT) -> None:
+                 hash_algo: str = "sha256", config: Any = None) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = block_size
@@ -62,7 +61,7 @@ class KVCacheManager:
             kv_cache_utils.init_none_hash(self.hash_function)
         # Lookups and hits since the start (or the last reset); vLLM: `KVCacheManager.prefix_cache_stats`.
         self.prefix_cache_stats = PrefixCacheStats()
-        self.block_pool = choices.resolve(BlockPool)(num_gpu_blocks, enable_caching)
+        self.block_pool = roles.resolve(config, BlockPool)(num_gpu_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Prefix caching: how many leading blocks of each request are registered in the cache, and
         # the chained hashes of its full blocks (extended as the request grows).

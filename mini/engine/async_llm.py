@@ -151,7 +151,7 @@ class InprocEngineCore:
         # The EngineCore itself (an engine built with MINI_ENABLE_V1_MULTIPROCESSING=1 raises here, naming the
         # switch; its asyncio counterpart is mini.engine.core_client.AsyncMPClient).
         self.core = engine._core("engine_core")
-        self.output_processor = OutputProcessor(engine.tokenizer, engine.choices)
+        self.output_processor = OutputProcessor(engine.tokenizer, engine.config)
         self.aborted: list[str] = []   # every id the front end aborted, in order (for tests and views)
 
     async def add_request_async(self, request: Any) -> None:

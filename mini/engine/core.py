@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from mini import roles
 from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
@@ -60,7 +61,6 @@ from mini.engine import EngineCoreOutput, EngineCoreRequest
 from mini.executor import executor_class
 from mini.metrics.stats import PoolSnapshot
 from mini.metrics.step_trace import StepObserver, StepTrace
-from mini.roles import Choices, choose
 from mini.runner_outputs import ModelRunnerOutput
 from mini.structured_output import GrammarOutput, StructuredOutputManager
 from mini.tokenizer import load_tokenizer
@@ -79,13 +79,12 @@ def eos_token_id_of(tokenizer: Any, hf_config: Any) -> int | None:
 class EngineCore:
     """Scheduler + executor + structured output: takes `EngineCoreRequest`s, returns `EngineCoreOutput`s."""
 
-    def __init__(self, config: EngineConfig, parts: dict[str, Any] | None = None,
-                 choices: Choices | None = None) -> None:
-        # Which implementation each role runs (mini/roles.py), chosen once here: `parts` on top of any
-        # `mini.roles.use(...)` block the engine is built in (what the course's `labs.plug` opens).
-        self.choices: Choices = choices if choices is not None else choose(parts)
+    def __init__(self, config: EngineConfig, parts: dict[str, Any] | None = None) -> None:
+        # Which implementation each role runs (mini/roles.py), carried by the config (`config.parts`): `parts`
+        # on top of any `mini.roles.use(...)` block a core built directly is built in (LLMEngine did it already).
+        config = roles.with_pending(config, parts)
         torch.manual_seed(config.seed)
-        self.model_executor = executor_class(config)(config, self.choices)
+        self.model_executor = executor_class(config)(config)
         self.config = config = self.model_executor.config        # max_model_len resolved
         self.hf_config = self.model_executor.hf_config
         self.num_gpu_blocks = self.model_executor.num_gpu_blocks
@@ -95,24 +94,24 @@ class EngineCore:
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model_dir)
         self.eos_token_id = eos_token_id_of(self.tokenizer, self.hf_config)
 
-        self.kv_cache_manager = self.choices.resolve(KVCacheManager)(
+        self.kv_cache_manager = roles.resolve(config, KVCacheManager)(
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=config.block_size,
             enable_caching=config.enable_prefix_caching,
             hash_algo=config.prefix_caching_hash_algo,
-            choices=self.choices,
+            config=config,
         )
-        scheduler_class = self.choices.resolve(Scheduler)
+        scheduler_class = roles.resolve(config, Scheduler)
         if config.async_scheduling:   # placeholders for the tokens of the step in flight
             scheduler_class = async_scheduler_class(scheduler_class)
-        self.scheduler = scheduler_class(config, self.kv_cache_manager, self.choices)
+        self.scheduler = scheduler_class(config, self.kv_cache_manager)
         # Async scheduling: the steps handed to the executor and not finished yet, newest first (vLLM: the
         # batch queue, `max_concurrent_batches` long); None when every step runs to its end (`step_with_batch_queue`).
         self.batch_queue_size = max(self.model_executor.max_concurrent_batches, 2 if config.async_scheduling else 1)
         self.batch_queue: deque | None = deque() if self.batch_queue_size > 1 else None
         # Structured output: compiles grammars on a worker thread, builds per-step bitmasks.
         self.structured_output_manager = StructuredOutputManager(self.tokenizer, self.vocab_size,
-                                                                 self.eos_token_id, choices=self.choices)
+                                                                 self.eos_token_id, config=config)
         # Called once at the end of every step that scheduled (views, traces, tests); none by default.
         self.step_observers: list[StepObserver] = []
 

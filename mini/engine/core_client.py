@@ -58,7 +58,6 @@ from mini.engine.utils import (  # the process start-up (vllm/v1/engine/utils.py
 )
 from mini.metrics import message_trace
 from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices
 from mini.serial_utils import (
     EngineCoreOutputs,
     EngineCoreOutputType,
@@ -99,18 +98,18 @@ class EngineCoreClient:
 
     @staticmethod
     def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig,
-                    choices: Choices | None = None, while_starting: Callable[[], Any] | None = None
+                    while_starting: Callable[[], Any] | None = None
                     ) -> EngineCoreClient:
         """`while_starting` (multiprocess only): work for the front end to do while the child starts, its result
         kept as the client's `started_alongside` (LLMEngine loads its tokenizer there)."""
         if asyncio_mode:
             if not multiprocess_mode:   # AsyncLLM in process: the core steps on a thread of this process
-                return AsyncInprocClient(config, choices)
-            return AsyncMPClient(config, choices, while_starting=while_starting)
+                return AsyncInprocClient(config)
+            return AsyncMPClient(config, while_starting=while_starting)
         if multiprocess_mode:
             # `LLM` / `LLMEngine`: the front end waits while the core steps, so the core takes every thread.
-            return SyncMPClient(config, choices, front_end_threads=0, while_starting=while_starting)
-        return InprocClient(config, choices)
+            return SyncMPClient(config, front_end_threads=0, while_starting=while_starting)
+        return InprocClient(config)
 
     is_multiprocess = False
     startup: dict[str, Any]
@@ -146,8 +145,8 @@ class EngineCoreClient:
 class InprocClient(EngineCoreClient):
     """The engine core in this process (vLLM's `InprocClient`): `get_output` runs one step."""
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
-        self.engine_core = EngineCore(config, choices=choices)
+    def __init__(self, config: EngineConfig) -> None:
+        self.engine_core = EngineCore(config)
         self.startup = self.engine_core.startup_info()
         self.started_alongside = self.engine_core.tokenizer   # one tokenizer for the front end and the core
 
@@ -219,9 +218,9 @@ class AsyncInprocClient(EngineCoreClient):
 
     follows_the_running_loop = True
 
-    def __init__(self, config: EngineConfig | None = None, choices: Choices | None = None, *,
+    def __init__(self, config: EngineConfig | None = None, *,
                  engine_core: EngineCore | None = None) -> None:
-        self.engine_core = engine_core if engine_core is not None else EngineCore(config, choices=choices)
+        self.engine_core = engine_core if engine_core is not None else EngineCore(config)
         self.startup = self.engine_core.startup_info()
         self.started_alongside = self.engine_core.tokenizer   # one tokenizer for the front end and the core
         self.latest_scheduler_stats: SchedulerStats | None = None
@@ -472,11 +471,11 @@ class MPClient(EngineCoreClient):
 
     is_multiprocess = True
 
-    def __init__(self, config: EngineConfig, choices: Choices | None, asyncio_mode: bool,
+    def __init__(self, config: EngineConfig, asyncio_mode: bool,
                  front_end_threads: int = 1, while_starting: Callable[[], Any] | None = None) -> None:
         self.resources = resources = BackgroundResources()
         self._finalizer = weakref.finalize(self, resources.close)
-        launch_core_engine(resources, config, choices, front_end_threads)   # sockets bound, process built
+        launch_core_engine(resources, config, front_end_threads)   # sockets bound, process built
         try:
             resources.proc.start()
             # Started first, then this process's own work, then the wait: the child loads the model while the
@@ -569,9 +568,9 @@ class SyncMPClient(MPClient):
     their caller's future, and the child's end (its sentinel becoming readable) to both as EngineDeadError.
     """
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None, front_end_threads: int = 1,
+    def __init__(self, config: EngineConfig, front_end_threads: int = 1,
                  while_starting: Callable[[], Any] | None = None) -> None:
-        super().__init__(config, choices, asyncio_mode=False, front_end_threads=front_end_threads,
+        super().__init__(config, asyncio_mode=False, front_end_threads=front_end_threads,
                          while_starting=while_starting)
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         self._utility_futures: dict[int, Future] = {}
@@ -684,9 +683,9 @@ class AsyncMPClient(MPClient):
     `output_handler_step` and `generate_stream` use, as `InprocEngineCore` offers in process.
     """
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None,
+    def __init__(self, config: EngineConfig,
                  while_starting: Callable[[], Any] | None = None) -> None:
-        super().__init__(config, choices, asyncio_mode=True, while_starting=while_starting)
+        super().__init__(config, asyncio_mode=True, while_starting=while_starting)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outputs_queue: asyncio.Queue | None = None
         self._utility_futures: dict[int, asyncio.Future] = {}

@@ -58,7 +58,6 @@ from mini.core.request import RequestStatus
 from mini.engine.core import EngineCore
 from mini.metrics import message_trace
 from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices
 from mini.serial_utils import (
     EngineCoreOutputs,
     EngineCoreOutputType,
@@ -253,7 +252,7 @@ def _fail_next_step(proc: EngineCoreProc, message: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- the child's entry point
-def run_engine_core(config: EngineConfig, choices: Choices | None, input_address: str, output_address: str,
+def run_engine_core(config: EngineConfig, input_address: str, output_address: str,
                     socket_dir: str, num_threads: int | None = None) -> None:
     """The engine-core process (vLLM's `EngineCoreProc.run_engine_core`): handshake, then the busy loop.
 
@@ -278,14 +277,14 @@ def run_engine_core(config: EngineConfig, choices: Choices | None, input_address
 
     signal.signal(signal.SIGTERM, on_sigterm)
     thread = threading.Thread(target=_run_core_thread, name="mini-engine-core",
-                              args=(config, choices, input_address, output_address, socket_dir, holder,
+                              args=(config, input_address, output_address, socket_dir, holder,
                                     num_threads))
     thread.start()
     while thread.is_alive():
         thread.join(0.5)
 
 
-def _run_core_thread(config: EngineConfig, choices: Choices | None, input_address: str, output_address: str,
+def _run_core_thread(config: EngineConfig, input_address: str, output_address: str,
                      socket_dir: str, holder: dict[str, EngineCoreProc], num_threads: int | None) -> None:
     if num_threads is not None:
         import torch
@@ -298,7 +297,7 @@ def _run_core_thread(config: EngineConfig, choices: Choices | None, input_addres
     proc: EngineCoreProc | None = None
     try:
         try:
-            engine_core = EngineCore(config, choices=choices)
+            engine_core = EngineCore(config)
         except BaseException as error:  # noqa: BLE001  (any start-up failure goes to the front end)
             try:    # the error itself when it pickles (a ValueError naming a bad argument stays one), + its text
                 pickled = pickle.dumps(error)

@@ -31,7 +31,7 @@ otherwise; mini's choice: the offset algorithm for every tokenizer (same text on
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mini.engine import EngineCoreRequest
@@ -123,13 +123,12 @@ class OffsetIncrementalDetokenizer(IncrementalDetokenizer):
     """vLLM's prefix_offset/read_offset detokenizer (SlowIncrementalDetokenizer) + stop strings.
 
     Home of the `detokenizer` role's parts (mini/roles.py): `detokenize_incrementally` and
-    `check_stop_strings`; the output processor builds its detokenizers from `choices.resolve(...)` of this
+    `check_stop_strings`; the output processor builds its detokenizers from `roles.resolve(config, ...)` of this
     class, so an engine built with other parts uses a subclass holding them.
     """
 
     detokenize_incrementally = staticmethod(detokenize_incrementally)
     check_stop_strings = staticmethod(check_stop_strings)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, tokenizer: Any, request: EngineCoreRequest) -> None:
         super().__init__()

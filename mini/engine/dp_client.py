@@ -48,13 +48,13 @@ import queue
 import threading
 from typing import Any
 
+from mini import roles
 from mini.config import EngineConfig
 from mini.engine import EngineCoreOutput, EngineCoreRequest
 from mini.engine.core_client import EngineCoreClient, SyncMPClient, step_outputs
 from mini.engine.dp_routing import DPLoadBalancer
 from mini.engine.exceptions import EngineDeadError
 from mini.metrics.stats import SchedulerStats
-from mini.roles import Choices, choose
 from mini.serial_utils import EngineCoreOutputs
 
 logger = logging.getLogger(__name__)
@@ -73,13 +73,12 @@ class _DPClient(EngineCoreClient):
 
     is_multiprocess = True
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         size = config.data_parallel_size
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"data_parallel_size must be a positive int, got {size!r}")
         self.config = config
-        self.choices = choices if choices is not None else choose(None)
-        self.load_balancer: DPLoadBalancer = self.choices.resolve(DPLoadBalancer)(size)
+        self.load_balancer: DPLoadBalancer = roles.resolve(config, DPLoadBalancer)(size)
         self.latest_scheduler_stats_per_engine: dict[int, SchedulerStats] = {}
         self.failed_requests: dict[str, str] = {}
         self.dead_message: str | None = None
@@ -92,7 +91,7 @@ class _DPClient(EngineCoreClient):
         self.cores: list[SyncMPClient] = []
         try:
             for _ in range(size):
-                self.cores.append(SyncMPClient(core_config, self.choices))
+                self.cores.append(SyncMPClient(core_config))
         except BaseException:
             self.shutdown()
             raise
@@ -262,9 +261,9 @@ class _DPClient(EngineCoreClient):
 class DPSyncMPClient(_DPClient):
     """N cores for `LLMEngine`'s `step()` (the front end `AsyncLLM` drives on its thread): `get_output`."""
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self._merged: queue.Queue = queue.Queue()
-        super().__init__(config, choices)
+        super().__init__(config)
         self._start_forwarders()
 
     def _deliver(self, index: int, item: EngineCoreOutputs | BaseException) -> None:
@@ -288,10 +287,10 @@ class DPSyncMPClient(_DPClient):
 class DPAsyncMPClient(_DPClient):
     """N cores for an asyncio front end (vLLM's DPLBAsyncMPClient): the surface of `AsyncMPClient`."""
 
-    def __init__(self, config: EngineConfig, choices: Choices | None = None) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._merged: asyncio.Queue | None = None
-        super().__init__(config, choices)
+        super().__init__(config)
 
     def _ensure_started(self) -> None:
         """On first use from a loop: outputs go to an asyncio queue of that loop."""
@@ -349,7 +348,7 @@ class DPAsyncMPClient(_DPClient):
         return all(await self.call_utility_async("reset_prefix_cache"))
 
 
-def make_dp_client(multiprocess_mode: bool, config: EngineConfig, choices: Choices | None = None,
+def make_dp_client(multiprocess_mode: bool, config: EngineConfig,
                    asyncio_mode: bool = False) -> _DPClient:
     """`LLMEngine`'s client when `config.data_parallel_size > 1`: the cores are processes, so the switch must be on.
     `asyncio_mode`: a `DPAsyncMPClient` (AsyncLLM's output-handler task reads it)."""
@@ -358,7 +357,7 @@ def make_dp_client(multiprocess_mode: bool, config: EngineConfig, choices: Choic
 
         raise ValueError(f"data_parallel_size={config.data_parallel_size} runs one engine-core process per rank; "
                          f"it cannot run with {ENV_MULTIPROCESSING}=0 (in process)")
-    return DPAsyncMPClient(config, choices) if asyncio_mode else DPSyncMPClient(config, choices)
+    return DPAsyncMPClient(config) if asyncio_mode else DPSyncMPClient(config)
 
 
 def engine_cores_alive(async_llm: Any) -> bool:

@@ -23,7 +23,7 @@ and moves the scan start one core on, so ties rotate round the cores instead of 
 `get_core_engine_for_request` here is that scoring and choice as a pure function over the counts: it
 returns the chosen index and changes nothing. `DPLoadBalancer` holds the state around it (the counts, the
 in-flight counts, the scan start) and applies vLLM's two updates after each choice; it is the home of the
-`data_parallel` role (mini/roles.py), so a DP front end built from `choices.resolve(DPLoadBalancer)` routes
+`data_parallel` role (mini/roles.py), so a DP front end built from `roles.resolve(config, DPLoadBalancer)` routes
 with a replaced `get_core_engine_for_request`.
 
 Where mini differs: vLLM's function takes the request and also honours `request.data_parallel_rank` (an
@@ -34,7 +34,6 @@ aborts; mini's DP front end does those around the call (`DPLoadBalancer.route` t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
 
 
 def get_core_engine_for_request(lb_engines: Sequence[Sequence[float]], engine_inflight: Sequence[int],
@@ -67,7 +66,6 @@ def get_core_engine_for_request(lb_engines: Sequence[Sequence[float]], engine_in
 class DPLoadBalancer:
     """The routing state of one front end over `num_engines` data-parallel cores (vLLM's DPLBAsyncMPClient)."""
 
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
     get_core_engine_for_request = staticmethod(get_core_engine_for_request)
 
     def __init__(self, num_engines: int, client_count: int = 1, client_index: int = 0) -> None:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mini import roles
 from mini.config import EngineConfig
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import RequestStatus
@@ -46,7 +47,6 @@ from mini.engine.parallel_sampling import ParentRequest
 from mini.metrics.stats import PoolSnapshot, SchedulerStats
 from mini.metrics.step_trace import StepObserver
 from mini.outputs import RequestOutput
-from mini.roles import Choices, choose
 from mini.sampling_params import SamplingParams
 from mini.structured_output import StructuredOutputManager
 from mini.tokenizer import load_tokenizer
@@ -65,9 +65,10 @@ class LLMEngine:
         """`asyncio_mode`: the client is an asyncio one (`AsyncMPClient` / `DPAsyncMPClient`, in process
         `AsyncInprocClient`) for `AsyncLLM`'s output-handler task (mini/engine/async_llm.py); `step()` is then not
         used."""
-        # Which implementation each role runs (mini/roles.py), chosen once here: `parts` on top of any
-        # `mini.roles.use(...)` block the engine is built in (what the course's `labs.plug` opens).
-        self.choices: Choices = choose(parts)
+        # Which implementation each role runs (mini/roles.py), chosen once here and carried by the config
+        # (`config.parts`): `parts` on top of any `mini.roles.use(...)` block the engine is built in (what the
+        # course's `labs.plug` opens). Each component resolves its class from the config where it is built.
+        config = roles.with_pending(config, parts)
         # In a child process (SyncMPClient) unless MINI_ENABLE_V1_MULTIPROCESSING=0 (InprocClient).
         self.multiprocess_mode = multiprocessing_enabled()
         if config.tensor_parallel_size > 1:   # a size the heads do not divide: refused before any process starts
@@ -75,7 +76,7 @@ class LLMEngine:
             verify_tensor_parallel_config(config)
         if config.data_parallel_size > 1:     # N cores, each request to the least loaded (the server's AsyncLLM)
             from mini.engine.dp_client import make_dp_client
-            self.engine_core = make_dp_client(self.multiprocess_mode, config, self.choices, asyncio_mode)
+            self.engine_core = make_dp_client(self.multiprocess_mode, config, asyncio_mode)
         else:
             # A child core loads its own tokenizer; the front end loads this one while the child starts (an
             # in-process client shares its core's instead and never calls it).
@@ -83,7 +84,7 @@ class LLMEngine:
             if not config.skip_tokenizer_init:
                 load_front_end_tokenizer = functools.partial(load_tokenizer, config.model_dir)
             self.engine_core = EngineCoreClient.make_client(self.multiprocess_mode, asyncio_mode, config,
-                                                            self.choices, while_starting=load_front_end_tokenizer)
+                                                            while_starting=load_front_end_tokenizer)
         info = self.engine_core.startup
         self._num_gpu_blocks = int(info["num_gpu_blocks"])
         self.config = config = dataclasses.replace(config, max_model_len=info["max_model_len"])
@@ -98,7 +99,7 @@ class LLMEngine:
         self.eos_token_id = info["eos_token_id"]     # the tokenizer's, else the checkpoint config's
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, config.max_model_len,
                                               self.eos_token_id)
-        self.output_processor = OutputProcessor(self.tokenizer, self.choices)
+        self.output_processor = OutputProcessor(self.tokenizer, config)
         self._pending_outputs: list[RequestOutput] = []
 
     # ------------------------------------------------------------------ the engine core's parts

@@ -27,12 +27,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mini import roles
 from mini.engine.detokenizer import IncrementalDetokenizer, OffsetIncrementalDetokenizer
 from mini.engine.logprobs import LogprobsProcessor
 from mini.engine.parallel_sampling import ParentRequest
 from mini.metrics.stats import SpecDecodingStats
 from mini.outputs import CompletionOutput, RequestOutput
-from mini.roles import DEFAULT, Choices
 from mini.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
@@ -190,12 +190,12 @@ class RequestState:
 class OutputProcessor:
     """Turns EngineCoreOutputs into RequestOutputs; owns the per-request detokenizers.
 
-    `choices`: what the engine chose when it was built (mini/roles.py); it picks the detokenizers' class.
+    `config`: the engine's EngineConfig (None: none); its `parts` (mini/roles.py) pick the detokenizers' class.
     """
 
-    def __init__(self, tokenizer: Any | None, choices: Choices = DEFAULT) -> None:
+    def __init__(self, tokenizer: Any | None, config: Any = None) -> None:
         self.tokenizer = tokenizer
-        self.text_detokenizer = choices.resolve(OffsetIncrementalDetokenizer)
+        self.text_detokenizer = roles.resolve(config, OffsetIncrementalDetokenizer)
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
 

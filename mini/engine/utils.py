@@ -39,7 +39,6 @@ import zmq
 
 from mini.config import EngineConfig
 from mini.engine.core_proc import run_engine_core
-from mini.roles import Choices
 from mini.serial_utils import EngineCoreOutputType, decode_any
 from mini.system_utils import release_libgomp_threads
 
@@ -65,13 +64,13 @@ def start_method() -> str:
     return "spawn" if torch.cuda.is_initialized() else "fork"
 
 
-def launch_core_engine(resources: Any, config: EngineConfig, choices: Choices | None,
+def launch_core_engine(resources: Any, config: EngineConfig,
                        front_end_threads: int) -> None:
     """Bind the core's sockets under a new temporary directory and build its process (not started yet) in
     `resources` (a `BackgroundResources`, mini/engine/core_client.py)."""
     method = start_method()
     if method == "spawn":
-        _check_picklable(config, choices)
+        _check_picklable(config)
     resources.socket_dir = tempfile.mkdtemp(prefix="mini-engine-")
     input_address = f"ipc://{resources.socket_dir}/input"
     output_address = f"ipc://{resources.socket_dir}/output"
@@ -86,7 +85,7 @@ def launch_core_engine(resources: Any, config: EngineConfig, choices: Choices | 
     mp_context = multiprocessing.get_context(method)
     resources.proc = mp_context.Process(
         target=run_engine_core, name="mini-engine-core",
-        args=(config, choices, input_address, output_address, resources.socket_dir,
+        args=(config, input_address, output_address, resources.socket_dir,
               _torch_threads(front_end_threads)))
     if method == "fork":
         release_libgomp_threads()   # or the child hangs in, or throttles, its OpenMP (mini/system_utils.py)
@@ -166,9 +165,9 @@ def _torch_threads(front_end_threads: int = 1) -> int:
     return max(1, torch.get_num_threads() - front_end_threads)
 
 
-def _check_picklable(config: EngineConfig, choices: Choices | None) -> None:
+def _check_picklable(config: EngineConfig) -> None:
     try:
-        pickle.dumps((config, choices))
+        pickle.dumps(config)
     except Exception as error:
         raise TypeError(
             f"the engine core starts with 'spawn' here (CUDA is initialized in this process, or "

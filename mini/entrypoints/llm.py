@@ -42,7 +42,7 @@ PromptType = str | dict[str, Any]
 def _engine_args_signature() -> inspect.Signature:
     """`LLM.__init__`'s signature as introspection shows it: `self`, `model`, then every other engine
     argument as a keyword with EngineConfig's default (the constructor itself takes `**engine_args`)."""
-    fields = dataclasses.fields(EngineConfig)
+    fields = [f for f in dataclasses.fields(EngineConfig) if f.metadata.get("engine_arg", True)]
     keyword = inspect.Parameter.KEYWORD_ONLY
     parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
                   inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]

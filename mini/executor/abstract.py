@@ -19,7 +19,6 @@ from concurrent.futures import Future
 from typing import Any
 
 from mini.config import EngineConfig
-from mini.roles import DEFAULT, Choices
 from mini.runner_outputs import ModelRunnerOutput
 
 
@@ -29,9 +28,8 @@ class Executor:
     # How many steps may be in flight at once (vLLM: `max_concurrent_batches`; 2 with async scheduling).
     max_concurrent_batches: int = 1
 
-    def __init__(self, config: EngineConfig, choices: Choices = DEFAULT) -> None:
-        self.config = config
-        self.choices = choices
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config   # its `parts` (mini/roles.py) travel to the workers with it
         self.hf_config: Any = None
         self.num_gpu_blocks: int = 0
         self.startup_report: Any = None

@@ -56,7 +56,6 @@ from mini.config import EngineConfig
 from mini.engine.exceptions import EngineDeadError
 from mini.executor.abstract import Executor
 from mini.metrics import message_trace
-from mini.roles import Choices
 from mini.runner_outputs import ModelRunnerOutput
 from mini.system_utils import release_libgomp_threads
 
@@ -101,8 +100,6 @@ class MultiprocExecutor(Executor):
         context = multiprocessing.get_context(self.start_method)
         if self.start_method == "fork":
             release_libgomp_threads()
-        # Spawned workers unpickle what they get: send the replaced parts only, not the classes built from them.
-        choices = Choices(dict(self.choices.parts))
         # The rendezvous: rank 0 listens on a free local port (vLLM: `get_distributed_init_method("127.0.0.1",
         # get_open_port())`); a TCP store leaves no file behind, even when this process is killed.
         init_method = f"tcp://127.0.0.1:{get_open_port()}"
@@ -113,7 +110,7 @@ class MultiprocExecutor(Executor):
                 parent_conn, child_conn = context.Pipe(duplex=True)
                 process = context.Process(
                     target=worker_main, name=f"mini-tp-worker-{rank}", daemon=True,
-                    kwargs={"config": config, "choices": choices, "rank": rank, "init_method": init_method,
+                    kwargs={"config": config, "rank": rank, "init_method": init_method,
                             "conn": child_conn, "parent_pid": os.getpid()})
                 process.start()
                 child_conn.close()
@@ -316,7 +313,7 @@ def worker_start_method() -> str:
 
 
 # ---------------------------------------------------------------------------------- the worker's side
-def worker_main(config: EngineConfig, choices: Choices, rank: int, init_method: str, conn: Any,
+def worker_main(config: EngineConfig, rank: int, init_method: str, conn: Any,
                 parent_pid: int) -> None:
     """A worker process: join the group, load this rank's shard, profile, then serve calls until told to stop.
 
@@ -334,7 +331,7 @@ def worker_main(config: EngineConfig, choices: Choices, rank: int, init_method: 
             config = _config_for_rank(config, rank)
             init_worker_distributed_environment(config, rank, init_method)
             torch.manual_seed(config.seed)        # same seed on every rank: the same samples from the same logits
-            worker = Worker(config, choices, rank=rank)
+            worker = Worker(config, rank=rank)
             worker.load_model()
             num_blocks = worker.determine_num_blocks()
             conn.send(("ok", {"num_blocks": num_blocks, "max_model_len": worker.config.max_model_len,

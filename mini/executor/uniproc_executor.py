@@ -29,7 +29,7 @@ class UniProcExecutor(Executor):
     """Runs the model with one `Worker` in this process."""
 
     def _init_executor(self) -> None:
-        worker = Worker(self.config, self.choices, rank=0)
+        worker = Worker(self.config, rank=0)
         worker.load_model()
         self.config = worker.config                   # max_model_len resolved from the checkpoint
         self.hf_config = worker.hf_config

@@ -22,7 +22,7 @@ vocabulary. `check_tensor_parallel_size` says which sizes a model allows.
 
 `LlamaForCausalLM` is the home of the `model` role (mini/roles.py): its parts `rms_norm` and `apply_rotary`
 are handed to every submodule when the model is built (`DecoderOps`), so a model class built with replaced
-parts (`choices.resolve(LlamaForCausalLM)`) runs them in every layer. Its parts `RowParallelLinear` and
+parts (`roles.resolve(config, LlamaForCausalLM)`) runs them in every layer. Its parts `RowParallelLinear` and
 `VocabParallelEmbedding` are the classes of the layers whose forward holds a collective (o_proj, down_proj,
 the embedding), built from `DecoderOps` too (phase 15 plugs a learner's subclass into a TP=2 engine). vLLM picks an
 op's implementation when the model is built too (`CustomOp`, vllm/model_executor/custom_op.py). The layers hold the
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -276,7 +276,6 @@ class LlamaForCausalLM(nn.Module):
     which every layer then holds (the engine builds one per engine, mini/attention/).
     """
 
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
     rms_norm = staticmethod(rms_norm)
     apply_rotary = staticmethod(apply_rotary)
     RowParallelLinear = RowParallelLinear

@@ -9,8 +9,8 @@ the rows / columns it owns (vLLM's design, mini/model/parallel_linear.py), so on
 
 `load_model` returns `(model, hf_config)` where `hf_config` is the transformers `PretrainedConfig`
 read by `AutoConfig.from_pretrained(model_dir)` from the folder's config.json (offline). The model's class is
-`choices.resolve(LlamaForCausalLM)` (the `model` role's parts, mini/roles.py) and its layers hold one attention
-backend built with the same choices.
+`roles.resolve(config, LlamaForCausalLM)` (the `model` role's parts in `config.parts`, mini/roles.py) and its
+layers hold one attention backend resolved from the same config.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from mini import roles
 from mini.attention import build_attention_backend
 from mini.model.llama import LlamaForCausalLM
-from mini.roles import DEFAULT, Choices
 
 DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHARD_INDEX_FILE = "model.safetensors.index.json"
@@ -38,9 +38,12 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str = torch.float32,
     attention_backend: str = "torch",
-    choices: Choices = DEFAULT,
+    config: Any = None,
 ) -> tuple[LlamaForCausalLM, Any]:
-    """Build the model described by `model_dir/config.json` and fill it from its safetensors files."""
+    """Build the model described by `model_dir/config.json` and fill it from its safetensors files.
+
+    `config`: the engine's EngineConfig, whose `parts` pick the model's and the backend's classes (None: none).
+    """
     folder = Path(model_dir)
     torch_dtype = resolve_dtype(dtype)
     if not folder.is_dir():
@@ -52,9 +55,9 @@ def load_model(
         raise ValueError("quantized checkpoints are not supported (config.json has quantization_config)")
     weight_files = find_safetensors_files(folder)
 
-    backend = build_attention_backend(attention_backend, choices)
+    backend = build_attention_backend(attention_backend, config)
     with torch.device("meta"):  # no time spent on random init: every tensor comes from the checkpoint
-        model = choices.resolve(LlamaForCausalLM)(hf_config, attention_backend=backend)
+        model = roles.resolve(config, LlamaForCausalLM)(hf_config, attention_backend=backend)
     model.to(torch_dtype)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own storage; share the tied weight again

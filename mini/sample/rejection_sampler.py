@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -193,7 +192,6 @@ class RejectionSampler(nn.Module):
 
     compute_residual_probs = staticmethod(compute_residual_probs)
     rejection_sample = staticmethod(rejection_sample)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, sampler: Sampler) -> None:
         super().__init__()

@@ -28,7 +28,6 @@ token -inf too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -72,9 +71,9 @@ def one_hot_probs(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 class Sampler(nn.Module):
     """logits [N, V] + SamplingMetadata -> SamplerOutput.
 
-    `use_fused=True` samples truncated rows inside a top-k window (ops/topk_topp_sampler.py
-    `sample_fused`, same distribution). A sampler whose class holds a replaced part (`replaced_parts`,
-    set by `Choices.resolve`) never takes it: the reference pipeline calls every part.
+    The engine's fast sampler: it draws truncated rows inside a top-k window (ops/topk_topp_sampler.py
+    `sample_fused`, same distribution as the step-by-step draw). `ReferenceSampler` below draws step by step,
+    calling every part; it is the class an engine builds when a part of the sampler is replaced (mini/roles.py).
     """
 
     apply_temperature = staticmethod(apply_temperature)
@@ -83,11 +82,6 @@ class Sampler(nn.Module):
     apply_top_k_top_p = staticmethod(topk_topp_ops.apply_top_k_top_p)
     random_sample = staticmethod(sampler_ops.random_sample)
     gather_logprobs = staticmethod(logprobs_ops.gather_logprobs)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(self, use_fused: bool = True) -> None:
-        super().__init__()
-        self.use_fused = use_fused and not self.replaced_parts
 
     def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != sampling_metadata.num_rows:
@@ -170,12 +164,20 @@ class Sampler(nn.Module):
         greedy, tempered = self.greedy_then_tempered(logits, metadata)
         if tempered is None:
             return greedy
-        if self.use_fused:
-            active = None if greedy is None else metadata.temperature >= SAMPLING_EPS
-            sampled = sampler_ops.sample_fused(tempered, metadata.top_k, metadata.top_p, metadata.generators,
-                                               active)
-        else:
-            sampled = self.random_sample(self.truncated_probs(tempered, metadata), metadata.generators)
+        sampled = self.draw(tempered, metadata, greedy)
         if greedy is None:
             return sampled
         return torch.where(metadata.temperature < SAMPLING_EPS, greedy, sampled)
+
+    def draw(self, tempered: torch.Tensor, metadata: SamplingMetadata, greedy: torch.Tensor | None) -> torch.Tensor:
+        """Step 5, fused: top-k / top-p truncation and the seeded draw in one pass over a top-k window."""
+        active = None if greedy is None else metadata.temperature >= SAMPLING_EPS
+        return sampler_ops.sample_fused(tempered, metadata.top_k, metadata.top_p, metadata.generators, active)
+
+
+class ReferenceSampler(Sampler):
+    """The step-by-step sampler (vLLM's `Sampler.sample` shape): `apply_top_k_top_p`, softmax, then
+    `random_sample`, each a part a course exercise can replace (mini/roles.py builds this class then)."""
+
+    def draw(self, tempered: torch.Tensor, metadata: SamplingMetadata, greedy: torch.Tensor | None) -> torch.Tensor:
+        return self.random_sample(self.truncated_probs(tempered, metadata), metadata.generators)

@@ -24,7 +24,7 @@ Two parts of the `drafter` role (mini/roles.py) live here, class attributes of `
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -67,12 +67,11 @@ def prepare_eagle_inputs(target_token_ids: torch.Tensor, target_positions: torch
 
 class EagleProposer(ModelDrafterBase):
     """EAGLE drafting. Home of the drafter role's model-based parts: `prepare_eagle_inputs` and
-    `compute_draft_slots`; an engine built with replaced parts builds this class from `Choices.resolve`."""
+    `compute_draft_slots`; an engine built with replaced parts builds this class from `roles.resolve`."""
 
     reads_target_hidden = True
     prepare_eagle_inputs = staticmethod(prepare_eagle_inputs)
     compute_draft_slots = staticmethod(compute_draft_slots)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def load(self, folder: str, config: EngineConfig, target_model: torch.nn.Module) -> torch.nn.Module:
         return EagleHead.from_pretrained(folder, target_model, config.device,

@@ -21,8 +21,6 @@ back the match reaches (at most max_n); the longest count wins, ties go to the e
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 
 def _check_lookup_args(min_n: int, max_n: int, k: int) -> None:
     if min_n < 1:
@@ -80,11 +78,10 @@ class NgramProposer:
     """Drafts for a batch of requests, one `propose_ngram` per request (vLLM's `NgramProposer`).
 
     The home of the drafter role's part (mini/roles.py): an engine built with a replaced `propose_ngram`
-    gets this class from `Choices.resolve`, holding the replacement.
+    gets this class from `roles.resolve`, holding the replacement.
     """
 
     propose_ngram = staticmethod(propose_ngram)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, min_n: int, max_n: int, k: int, max_model_len: int) -> None:
         _check_lookup_args(min_n, max_n, k)

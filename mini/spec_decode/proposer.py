@@ -3,8 +3,8 @@
 Mirrors the proposer selection in `GPUModelRunner.__init__` (vllm/v1/worker/gpu_model_runner.py), which
 builds an `NgramProposer`, a `DraftModelProposer` or an `EagleProposer` from the speculative config, and
 `propose_draft_token_ids`, which the runner calls after sampling. Every drafter here has one method,
-`propose(states, new_token_ids, is_partial, inputs, hidden) -> one draft list per batch row`. `choices`
-(what the engine chose when it was built, mini/roles.py) picks the `NgramProposer` and `EagleProposer` classes
+`propose(states, new_token_ids, is_partial, inputs, hidden) -> one draft list per batch row`. The
+config's `parts` (what the engine replaced, mini/roles.py) pick the `NgramProposer` and `EagleProposer` classes
 (the homes of the drafter role's parts).
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mini.roles import DEFAULT, Choices
+from mini import roles
 from mini.spec_decode.draft_model import DraftModelProposer
 from mini.spec_decode.eagle import EagleProposer
 from mini.spec_decode.ngram_proposer import NgramProposer
@@ -34,8 +34,9 @@ class NgramDrafter:
         self.proposer = proposer
 
     @classmethod
-    def from_config(cls, spec: SpeculativeConfig, max_model_len: int, choices: Choices = DEFAULT) -> NgramDrafter:
-        proposer_class = choices.resolve(NgramProposer)
+    def from_config(cls, spec: SpeculativeConfig, max_model_len: int, engine_config: EngineConfig | None = None
+                    ) -> NgramDrafter:
+        proposer_class = roles.resolve(engine_config, NgramProposer)
         return cls(proposer_class(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens,
                                   max_model_len))
 
@@ -51,13 +52,12 @@ class NgramDrafter:
         return drafts
 
 
-def build_drafter(config: EngineConfig, target_model: torch.nn.Module, num_blocks: int,
-                  choices: Choices = DEFAULT):
+def build_drafter(config: EngineConfig, target_model: torch.nn.Module, num_blocks: int):
     """The drafter `config.speculative_config` asks for (n-gram, draft model or EAGLE head)."""
     spec = config.speculative_config
     assert spec is not None and config.max_model_len is not None
     if spec.method == "ngram":
-        return NgramDrafter.from_config(spec, config.max_model_len, choices)
+        return NgramDrafter.from_config(spec, config.max_model_len, config)
     if spec.method == "draft_model":
         return DraftModelProposer(config, target_model, num_blocks)
-    return choices.resolve(EagleProposer)(config, target_model, num_blocks)
+    return roles.resolve(config, EagleProposer)(config, target_model, num_blocks)

@@ -23,11 +23,10 @@ from __future__ import annotations
 import concurrent.futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mini.roles import DEFAULT, Choices
 from mini.structured_output.backend_mini import MiniBackend, MiniGrammar, build_checked_nfa, spec_key
 from mini.structured_output.json_schema import check_json_nesting
 from mini.structured_output.request import GrammarVerdict, StructuredOutputRequest
@@ -72,9 +71,9 @@ class StructuredOutputManager:
     """Compiles grammars off the step loop and builds each step's bitmask."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None, max_workers: int = 1,
-                 choices: Choices = DEFAULT) -> None:
+                 config: Any = None) -> None:
         self.vocab_size = vocab_size
-        self.backend = None if tokenizer is None else MiniBackend(tokenizer, vocab_size, eos_token_id, choices)
+        self.backend = None if tokenizer is None else MiniBackend(tokenizer, vocab_size, eos_token_id, config)
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="mini-grammar")
         self._pending: set[concurrent.futures.Future] = set()
 

@@ -16,11 +16,11 @@ import functools
 import json
 import threading
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any
 
 import numpy as np
 
-from mini.roles import DEFAULT, Choices
+from mini import roles
 from mini.structured_output import dfa as dfa_steps
 from mini.structured_output import token_index as token_steps
 from mini.structured_output.dfa import DEAD, DFA
@@ -87,14 +87,13 @@ class MiniGrammarCompiler:
 
     Home of the `structured_output` role's compiler parts (mini/roles.py): `epsilon_closure`,
     `subset_construction`, `allowed_token_ids` and `pack_allowed`; an engine built with other parts uses a
-    subclass holding them (`choices.resolve`), chosen once when its backend is built.
+    subclass holding them (`roles.resolve(config, MiniGrammarCompiler)`), chosen once when its backend is built.
     """
 
     epsilon_closure = staticmethod(dfa_steps.epsilon_closure)
     subset_construction = staticmethod(dfa_steps.subset_construction)
     allowed_token_ids = staticmethod(token_steps.allowed_token_ids)
     pack_allowed = staticmethod(token_steps.pack_allowed)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def build_dfa(self, nfa: NFA) -> DFA:
         """NFA -> trimmed, minimized DFA (dfa.py), by this compiler's subset construction."""
@@ -110,13 +109,13 @@ class MiniGrammarCompiler:
 class MiniBackend:
     """Compiles specs for one tokenizer/vocabulary (vLLM: XgrammarBackend).
 
-    `choices`: what the engine chose when it was built (mini/roles.py); it picks the compiler's class.
+    `config`: the engine's EngineConfig (None: none); its `parts` (mini/roles.py) pick the compiler's class.
     """
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None, choices: Choices = DEFAULT) -> None:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None, config: Any = None) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
-        self.compiler = choices.resolve(MiniGrammarCompiler)()
+        self.compiler = roles.resolve(config, MiniGrammarCompiler)()
         self._tokenizer = tokenizer
         self._trie: TokenTrie | None = None
         self._cache: dict[tuple[str, str], CompiledGrammar] = {}

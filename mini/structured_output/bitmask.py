@@ -11,7 +11,7 @@ in `indices` are untouched.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -60,18 +60,17 @@ class BitmaskApplier:
 
     vLLM's model runner calls `apply_grammar_bitmask` (vllm/v1/structured_output/utils.py) on the logits
     and then samples; mini's runner builds one applier and calls it the same way. Home of the
-    `structured_output` role's `apply_token_bitmask_inplace` (mini/roles.py). On a CUDA device the default
-    op is the Triton kernel (triton_bitmask.py, as xgrammar's on GPUs), decided once here; a replaced op
-    always runs.
+    `structured_output` role's `apply_token_bitmask_inplace` (mini/roles.py). On a CUDA device this fast
+    class runs the Triton kernel (triton_bitmask.py, as xgrammar's on GPUs), decided once here; elsewhere the
+    torch op. An engine that replaces the op builds `TorchBitmaskApplier`, the role's reference class.
     """
 
     apply_token_bitmask_inplace = staticmethod(apply_token_bitmask_inplace)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.op: Callable[..., torch.Tensor] = self.apply_token_bitmask_inplace
-        if self.device.type == "cuda" and not self.replaced_parts and triton_utils.is_available():
+        if self.device.type == "cuda" and triton_utils.is_available():
             self.op = _triton_op()
 
     def __call__(self, logits: torch.Tensor, grammar_output: GrammarOutput,
@@ -82,3 +81,12 @@ class BitmaskApplier:
         bitmask = torch.from_numpy(grammar_output.grammar_bitmask).to(self.device)
         indices = torch.tensor(rows, dtype=torch.int64, device=self.device)
         return self.op(logits, bitmask, indices)
+
+
+class TorchBitmaskApplier(BitmaskApplier):
+    """The reference applier: always `self.apply_token_bitmask_inplace`, on every device (the class an engine
+    builds when that part is replaced, mini/roles.py)."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.op = self.apply_token_bitmask_inplace

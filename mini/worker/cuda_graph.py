@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mini import roles
 from mini.attention.metadata import build_attention_metadata
 from mini.utils import cdiv
 from mini.worker.prepare_inputs import PreparedInputs
@@ -119,11 +120,12 @@ def graph_class(device: torch.device) -> type | None:
     return CudaGraph if device.type == "cuda" else None
 
 
-def disabled_reason(config: EngineConfig, attention_backend: str, graph_cls: type | None,
-                    replaced_forward_parts: Sequence[str] = ()) -> str | None:
+def disabled_reason(config: EngineConfig, attention_backend: str, graph_cls: type | None) -> str | None:
     """Why decode must run eager in this engine, or None when graphs can be captured.
 
-    `replaced_forward_parts`: the parts of the forward this engine replaces (chosen when it was built)."""
+    A start-up decision, like `enforce_eager`: an engine whose config replaces a part that runs inside the
+    forward (`config.parts`, mini/roles.py) runs eager, since a captured graph would replay the old kernels."""
+    replaced_forward_parts = roles.replaced(config, "input_preparation", "model", "attention")
     if config.enforce_eager:
         return "enforce_eager=True"
     if graph_cls is None:
@@ -140,12 +142,11 @@ def disabled_reason(config: EngineConfig, attention_backend: str, graph_cls: typ
 
 
 def build_cuda_graph_runner(config: EngineConfig, model: torch.nn.Module, kv_caches: list[torch.Tensor],
-                            attention_backend: str, replaced_forward_parts: Sequence[str] = ()
-                            ) -> CudaGraphRunner | None:
+                            attention_backend: str) -> CudaGraphRunner | None:
     """Capture the decode graphs now (start-up, vLLM's `compile_or_warm_up_model`), or log why not and return None."""
     device = torch.device(config.device)
     graph_cls = graph_class(device)
-    reason = disabled_reason(config, attention_backend, graph_cls, replaced_forward_parts)
+    reason = disabled_reason(config, attention_backend, graph_cls)
     if reason is not None:
         logger.info("CUDA graphs off, decode runs eager: %s", reason)
         return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -67,10 +67,9 @@ class InputBatch:
     """Rows of requests; holes appear on remove and disappear on `condense()`.
 
     Home of the `input_preparation` role's part `condense` (mini/roles.py): the model runner builds its
-    batch with `choices.resolve(InputBatch)`.
+    batch with `roles.resolve(config, InputBatch)`.
     """
 
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, max_num_reqs: int, batch_update_builder: BatchUpdateBuilder | None = None) -> None:
         if not isinstance(max_num_reqs, int) or max_num_reqs < 1:

@@ -8,7 +8,9 @@ Mirrors vllm/v1/worker/gpu_model_runner.py (GPUModelRunner: `_update_states`, `_
      mini's choice: a preempted request comes in `finished_req_ids` and returns whole in
      `scheduled_new_reqs`; vLLM v0.33.0 keeps its state and resumes it through `scheduled_cached_reqs`
      (`resumed_req_ids`, block ids replaced rather than extended).
-  2. `prepare_inputs` (prepare_inputs.py): the flat input_ids / positions / slot_mapping / block_table.
+  2. the flat input_ids / positions / slot_mapping / block_table: gathered from the persistent buffers
+     (fast_inputs.py) by `ModelRunner`, composed by `prepare_inputs` (prepare_inputs.py) in the readable
+     `ReferenceModelRunner` (the class an engine with a replaced `input_preparation` part builds).
   3. forward through the model, which writes K/V into `kv_caches` and reads them back (paged attention);
      on CUDA a decode-only step replays a CUDA graph captured at start-up instead (cuda_graph.py).
   4. logits only at `logits_indices` (each request's last scheduled token), then the sampler (vLLM v0.33.0
@@ -25,15 +27,15 @@ token; step 4 then samples every row once and verifies the drafts against the lo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import mini.worker.prepare_inputs as batch_inputs
+from mini import roles
 from mini.attention import attention_backend_class
 from mini.attention.metadata import AttentionMetadata, build_attention_metadata
 from mini.compilation import compile_model
-from mini.roles import DEFAULT, Choices
 from mini.runner_outputs import ModelRunnerOutput
 from mini.sample.logits_processor import build_logitsprocs
 from mini.sample.logprobs import compute_logprobs, logprobs_to_dicts
@@ -70,22 +72,15 @@ def run_model(
     return hidden, model.compute_logits(hidden[inputs.logits_indices])
 
 
-# The parts of the `input_preparation` role that build the flat inputs: with one replaced, the runner runs the
-# reference composition (`prepare_inputs` from the per-request lists) instead of its persistent block table.
-INPUT_PARTS = frozenset({"prepare_inputs", "compute_query_start_loc", "compute_positions", "compute_slot_mapping"})
-# Roles whose parts run inside the forward a CUDA graph records: with one replaced, decode runs eager.
-FORWARD_ROLES = ("input_preparation", "model", "attention")
-
-
 class ModelRunner:
     """Owns the KV cache tensors, the runner-side request states and the persistent batch.
 
     Home of the `input_preparation` role (mini/roles.py): its parts are the class attributes below, called
-    through `self`. An engine built with some of them replaced builds a subclass holding them
-    (`choices.resolve(ModelRunner)`); `__init__` reads `replaced_parts` once to pick the input path.
+    through `self`. This is the fast runner: its inputs come from the persistent block table and token buffer
+    (fast_inputs.py). An engine that replaces one of its parts builds `ReferenceModelRunner` (below, the
+    role's reference class), subclassed with the parts in place (`roles.resolve(config, ModelRunner)`).
     """
 
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
     prepare_inputs = staticmethod(batch_inputs.prepare_inputs)
     compute_query_start_loc = staticmethod(batch_inputs.compute_query_start_loc)
     compute_positions = staticmethod(batch_inputs.compute_positions)
@@ -93,8 +88,7 @@ class ModelRunner:
     build_attention_metadata = staticmethod(build_attention_metadata)
     run_model = staticmethod(run_model)
 
-    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, hf_config: Any, num_blocks: int,
-                 choices: Choices = DEFAULT) -> None:
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, hf_config: Any, num_blocks: int) -> None:
         self.config = config
         self.model = model
         self.hf_config = hf_config
@@ -104,9 +98,9 @@ class ModelRunner:
         self.num_blocks = int(num_blocks)
         self.vocab_size = int(model.config.vocab_size)
         # The attention backend, chosen once (mini/attention/): every layer holds the instance. A model loaded
-        # with the same choices already has it; otherwise (another backend name, a model built apart) build it.
+        # from the same config already has it; otherwise (another backend name, a model built apart) build it.
         self.attention_backend = config.resolved_attention_backend()
-        backend_class = attention_backend_class(self.attention_backend, choices)
+        backend_class = attention_backend_class(self.attention_backend, config)
         if type(model.attention_backend) is not backend_class:
             model.set_attention_backend(backend_class())
         compile_model(model, config.compilation_settings)   # torch.compile (mini/compilation.py); mode 0: untouched
@@ -116,17 +110,15 @@ class ModelRunner:
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(model.config.num_hidden_layers)
         ]
         self.requests: dict[str, CachedRequestState] = {}
-        self.input_batch = choices.resolve(InputBatch)(max_num_reqs=int(config.max_num_seqs))
-        # Fast path (persistent block table, flat gathers) unless a part of the input composition is replaced.
-        self.uses_reference_inputs = bool(self.replaced_parts & INPUT_PARTS)
+        self.input_batch = roles.resolve(config, InputBatch)(max_num_reqs=int(config.max_num_seqs))
         self.logitsprocs = build_logitsprocs(
             config.logits_processors, self.vocab_size, self.device,
-            engine_config=config, max_num_reqs=int(config.max_num_seqs), choices=choices,
+            engine_config=config, max_num_reqs=int(config.max_num_seqs),
         )
-        # The sampler role (mini/roles.py): the fused sampler unless a part is replaced (decided in its __init__).
-        self.sampler = choices.resolve(Sampler)()
-        self.rejection_sampler = choices.resolve(RejectionSampler)(self.sampler)   # speculative decoding
-        self.bitmask_applier = choices.resolve(BitmaskApplier)(self.device)  # structured output
+        # The sampler role (mini/roles.py): the fused sampler, or the step-by-step one when a part is replaced.
+        self.sampler = roles.resolve(config, Sampler)()
+        self.rejection_sampler = roles.resolve(config, RejectionSampler)(self.sampler)   # speculative decoding
+        self.bitmask_applier = roles.resolve(config, BitmaskApplier)(self.device)  # structured output
         # The last step's SamplingMetadata and the request states it was built for: reused while the batch is
         # unchanged (vLLM's InputBatch keeps its sampling tensors persistent and refreshes them only when a
         # BatchUpdate changed the rows). Output token lists are held by reference, so they stay current.
@@ -134,12 +126,11 @@ class ModelRunner:
         # Speculative decoding: proposes each request's next drafts after every step (None: off).
         self.drafter = None
         if config.speculative_config is not None:
-            self.drafter = build_drafter(config, model, self.num_blocks, choices)
+            self.drafter = build_drafter(config, model, self.num_blocks)
         # Start-up, after the KV caches exist (vLLM's `compile_or_warm_up_model`): capture the decode CUDA
         # graphs (cuda_graph.py); None when decode runs eager (CPU, enforce_eager, a non-capturable backend).
-        forward_parts = sorted(part for role in FORWARD_ROLES for part in choices.replaced(role))
         self.cuda_graph_runner = cuda_graph.build_cuda_graph_runner(config, model, self.kv_caches,
-                                                                    self.attention_backend, forward_parts)
+                                                                    self.attention_backend)
 
     # ------------------------------------------------------------------ 1. request state
     def update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -197,30 +188,22 @@ class ModelRunner:
 
         The block table and the token ids are persistent (block_table.py, token_ids_buffer.py): only new block
         ids and tokens are written each step; the flat tensors are computed in NumPy (fast_inputs.py).
-        A runner built with a part of the input composition replaced (`uses_reference_inputs`) runs
-        `self.prepare_inputs` on the per-request lists instead (phase 02's path; tests hold the two equal).
+        `ReferenceModelRunner` composes them from its parts instead (phase 02's path; tests hold the two equal).
         """
         states = self.input_batch.occupied_requests()
         scheduled = [scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
         computed = [state.num_computed_tokens for state in states]
-        if self.uses_reference_inputs:
-            inputs = self.prepare_inputs([state.all_token_ids + state.spec_token_ids for state in states],
-                                         computed, scheduled, [state.block_ids for state in states],
-                                         self.block_size)
-        else:
-            block_table, token_ids = self.input_batch.block_table, self.input_batch.token_ids
-            for row, state in enumerate(states):
-                block_table.sync_row(row, state, state.block_ids)
-                token_ids.sync_row(row, state)
-            # The input ids: one gather from the persistent token buffer, as vLLM's (fast_inputs.py).
-            inputs = gather_inputs(token_ids, computed, scheduled, block_table.get(len(states)), self.block_size)
+        block_table, token_ids = self.input_batch.block_table, self.input_batch.token_ids
+        for row, state in enumerate(states):
+            block_table.sync_row(row, state, state.block_ids)
+            token_ids.sync_row(row, state)
+        # The input ids: one gather from the persistent token buffer, as vLLM's (fast_inputs.py).
+        inputs = gather_inputs(token_ids, computed, scheduled, block_table.get(len(states)), self.block_size)
         inputs = inputs.to(self.device)
         # Each row's sequence length, and the two maxima, from the host's lists: reading them from the device
         # tensors (`.tolist()`, `int(t.max())`) would make the CPU wait for the GPU. vLLM keeps them on its
         # CPU-side arrays too.
         seq_lens = [start + count for start, count in zip(computed, scheduled, strict=False)]
-        if "build_attention_metadata" in self.replaced_parts:  # a course exercise's builder reads its own maxima
-            return inputs, self.build_attention_metadata(inputs), seq_lens
         metadata = self.build_attention_metadata(inputs, max_query_len=max(scheduled), max_seq_len=max(seq_lens))
         return inputs, metadata, seq_lens
 
@@ -369,3 +352,22 @@ class ModelRunner:
         if inputs is None:
             return None
         return self._forward(inputs, self.build_attention_metadata(inputs))[1]
+
+
+class ReferenceModelRunner(ModelRunner):
+    """The readable runner: the flat inputs composed by the role's parts from the per-request lists
+    (`prepare_inputs` and the `compute_*` functions it calls, then `build_attention_metadata` as phase 02
+    writes it, reading its own maxima). The class an engine builds when an `input_preparation` part is
+    replaced (mini/roles.py); same tensors as the fast runner's (tests/worker/test_runner_roles.py).
+    """
+
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput
+                        ) -> tuple[batch_inputs.PreparedInputs, AttentionMetadata, list[int]]:
+        states = self.input_batch.occupied_requests()
+        scheduled = [scheduler_output.num_scheduled_tokens[state.req_id] for state in states]
+        computed = [state.num_computed_tokens for state in states]
+        inputs = self.prepare_inputs([state.all_token_ids + state.spec_token_ids for state in states],
+                                     computed, scheduled, [state.block_ids for state in states], self.block_size)
+        inputs = inputs.to(self.device)
+        seq_lens = [start + count for start, count in zip(computed, scheduled, strict=False)]
+        return inputs, self.build_attention_metadata(inputs), seq_lens

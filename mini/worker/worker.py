@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from mini import roles
 from mini.config import EngineConfig
 from mini.model.loader import load_model
-from mini.roles import DEFAULT, Choices
 from mini.runner_outputs import ModelRunnerOutput
 from mini.worker.model_runner import ModelRunner
 from mini.worker.startup import (
@@ -34,9 +34,8 @@ from mini.worker.startup import (
 class Worker:
     """The model, KV cache and model runner of one rank (rank 0 of 1 without tensor parallelism)."""
 
-    def __init__(self, config: EngineConfig, choices: Choices = DEFAULT, rank: int = 0) -> None:
-        self.config = config
-        self.choices = choices
+    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+        self.config = config   # its `parts` (mini/roles.py) pick the model's, the backend's and the runner's classes
         self.rank = rank
         self.model: Any = None
         self.hf_config: Any = None
@@ -46,7 +45,7 @@ class Worker:
     def load_model(self) -> None:
         """Load the weights and fix `max_model_len` from the checkpoint's config when it was not given."""
         self.model, self.hf_config = load_model(str(self.config.model_dir), self.config.device,
-                                                self.config.torch_dtype, choices=self.choices)
+                                                self.config.torch_dtype, config=self.config)
         self.config = dataclasses.replace(self.config,
                                           max_model_len=resolve_max_model_len(self.config, self.hf_config))
 
@@ -65,8 +64,8 @@ class Worker:
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache and build the model runner around it."""
-        self.model_runner = self.choices.resolve(ModelRunner)(self.config, self.model, self.hf_config,
-                                                              num_blocks, self.choices)
+        self.model_runner = roles.resolve(self.config, ModelRunner)(self.config, self.model, self.hf_config,
+                                                                    num_blocks)
 
     def execute_model(self, scheduler_output: Any, grammar_output: Any = None,
                       trace: Any = None) -> ModelRunnerOutput:

@@ -17,7 +17,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mini import roles
 from mini.attention import attention_backend_class, build_attention_backend, cpu_paged
 from mini.attention import reference as ref
 from mini.config import EngineConfig
@@ -191,7 +190,7 @@ def test_the_plan_is_built_once_per_step_and_rebuilt_for_the_next():
 
 
 def test_an_engine_replacing_a_reference_part_builds_the_reference_backend():
-    """Choices that replace one of phase 03's functions (labs `plug`) make "torch_fast" build the reference
+    """A config that replaces one of phase 03's functions (labs `plug`) make "torch_fast" build the reference
     backend holding them, decided once when the engine is built; a gather_kv reaches the prefill loop."""
     query, kv_cache, metadata = build_batch([(1, 9), (4, 4)], num_kv_heads=1, group_size=2, head_size=8,
                                             block_size=4)
@@ -209,17 +208,17 @@ def test_an_engine_replacing_a_reference_part_builds_the_reference_backend():
         return ref.gather_kv(cache_side, block_ids, seq_len)
 
     assert attention_backend_class("torch_fast") is cpu_paged.CpuAttentionBackend
-    backend = build_attention_backend("torch_fast", roles.choose({"paged_attention": my_paged_attention,
-                                                                  "store_kv": my_store_kv}))
-    assert isinstance(backend, ref.ReferenceAttentionBackend)
-    assert backend.replaced_parts == {"paged_attention", "store_kv"}
+    config = EngineConfig(parts={"paged_attention": my_paged_attention, "store_kv": my_store_kv})
+    backend = build_attention_backend("torch_fast", config)
+    assert type(backend).__bases__ == (ref.ReferenceAttentionBackend,)
+    assert type(backend) is attention_backend_class("torch", config)   # the same class, built once
     backend.store_kv(query[:, :1], query[:, :1], kv_cache, torch.tensor([1, 2, 3, 4, 5]))
     assert torch.equal(backend.paged_attention(query, kv_cache, metadata, 1.0), torch.full_like(query, 7.0))
-    backend = build_attention_backend("torch_fast", roles.choose({"gather_kv": my_gather_kv}))
+    backend = build_attention_backend("torch_fast", EngineConfig(parts={"gather_kv": my_gather_kv}))
     torch.testing.assert_close(backend.paged_attention(query, kv_cache, metadata, 1.0),  # the reference's own
                                ref.paged_attention(query, kv_cache, metadata, 1.0))
     assert calls[:2] == ["store_kv", "paged_attention"] and set(calls[2:]) == {"gather_kv"}
-    # the fast backend itself holds no replacement: an engine built without choices runs it
+    # the fast backend itself holds no replacement: an engine built without parts runs it
     assert type(build_attention_backend("torch_fast")) is cpu_paged.CpuAttentionBackend
 
 

@@ -306,6 +306,6 @@ def test_a_learners_scheduler_part_runs_inside_the_async_scheduler():
     with roles.use(num_tokens_to_schedule=learner_num_tokens_to_schedule):
         llm = make_llm(async_scheduling=True)
     scheduler = llm.llm_engine.scheduler
-    assert isinstance(scheduler, AsyncScheduler) and "num_tokens_to_schedule" in scheduler.replaced_parts
+    assert isinstance(scheduler, AsyncScheduler) and scheduler.num_tokens_to_schedule is learner_num_tokens_to_schedule
     assert_same(sync, llm.generate(PROMPTS[:3], params, use_tqdm=False))
     assert calls

@@ -60,14 +60,15 @@ def test_the_scheduler_role_lives_on_the_scheduler_and_references_the_module_fun
     assert roles.reference("select_preemption_victim") is sched.select_preemption_victim
     assert roles.reference("check_stop") is sched_utils.check_stop
     assert roles.reference("schedule") is Scheduler.schedule
-    assert roles.DEFAULT.resolve(Scheduler) is Scheduler and Scheduler.replaced_parts == frozenset()
+    assert roles.resolve(EngineConfig(), Scheduler) is Scheduler
 
 
 def test_a_scheduler_built_with_other_parts_calls_them_through_self_and_the_default_is_untouched():
     calls: list[str] = []
     parts = {name: counting(roles.reference(name), calls, name) for name in SCHEDULER_PARTS}
-    chosen = roles.choose(parts).resolve(Scheduler)
-    assert chosen is not Scheduler and chosen.replaced_parts == frozenset(SCHEDULER_PARTS)
+    chosen = roles.resolve(EngineConfig(parts=parts), Scheduler)
+    assert chosen.__bases__ == (Scheduler,) and all(getattr(chosen, name) is not getattr(Scheduler, name)
+                                                    for name in SCHEDULER_PARTS)
 
     expected = run_worked_example(build(Scheduler))
     assert calls == []  # the default class never sees the replacements
@@ -83,7 +84,7 @@ def test_a_replaced_check_stop_decides_when_requests_stop():
             return True
         return False
 
-    log = run_worked_example(build(roles.choose({"check_stop": stop_after_two}).resolve(Scheduler)))
+    log = run_worked_example(build(roles.resolve(EngineConfig(parts={"check_stop": stop_after_two}), Scheduler)))
     finished = {rid: reason for _, outputs in log for rid, _, reason in outputs if reason is not None}
     emitted: dict[str, int] = {}
     for _, outputs in log:

@@ -41,9 +41,9 @@ def test_nothing_is_patched_and_the_choice_is_undone_even_after_an_error():
 
     with pytest.raises(RuntimeError), plug(compute_slot_mapping=fake):
         assert prep.compute_slot_mapping is module_function   # the module is untouched
-        assert roles.choose().parts == {"compute_slot_mapping": fake}   # what an engine built now would take
+        assert roles.pending() == {"compute_slot_mapping": fake}   # what an engine built now would take
         raise RuntimeError("boom")
-    assert roles.choose() is roles.DEFAULT
+    assert roles.pending() == {}
 
 
 def _small_llm(model_dir):
@@ -62,7 +62,8 @@ def test_an_engine_built_inside_uses_the_class_and_one_built_outside_keeps_its_o
     after = _small_llm(tiny_llama_dir)
     assert type(inside.llm_engine.scheduler.kv_cache_manager.block_pool.free_block_queue) is MyQueue
     assert type(after.llm_engine.scheduler.kv_cache_manager.block_pool.free_block_queue) is not MyQueue
-    assert inside.llm_engine.choices.replaced("kv_cache") == ("FreeKVCacheBlockQueue",)
+    assert inside.llm_engine.config.parts == {"FreeKVCacheBlockQueue": MyQueue}   # the choice is a config field
+    assert before.llm_engine.config.parts == after.llm_engine.config.parts == {}
 
 
 def test_a_plugged_function_runs_inside_the_engine_built_with_it(tiny_llama_dir):
@@ -88,7 +89,7 @@ def test_a_plugged_part_turns_its_roles_fast_path_off_when_the_engine_is_built(t
     with plug(**{part: roles.reference(part)}):
         llm = _small_llm(tiny_llama_dir)
     role = roles.role_of(part).name
-    assert llm.llm_engine.choices.replaced(role) == (part,)
+    assert roles.replaced(llm.llm_engine.config, role) == (part,)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     reference = _small_llm(tiny_llama_dir).generate([{"prompt_token_ids": [5, 6, 7]}], params)
     assert llm.generate([{"prompt_token_ids": [5, 6, 7]}], params)[0].outputs[0].token_ids == \

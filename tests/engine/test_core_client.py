@@ -6,6 +6,7 @@ reaching a forked core.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 
@@ -26,7 +27,6 @@ from mini.engine.exceptions import EngineDeadError
 from mini.engine.input_processor import InputProcessor
 from mini.engine.output_processor import OutputProcessor
 from mini.engine.utils import _check_picklable
-from mini.roles import choose
 from mini.sampling_params import RequestOutputKind
 from mini.tokenizer import load_tokenizer
 
@@ -164,13 +164,13 @@ def test_async_llm_streams_over_a_child_process_core(monkeypatch, greedy_referen
 
 
 def test_spawn_needs_picklable_parts(monkeypatch):
-    choices = choose({"allocate_slots": lambda *args, **kwargs: None})
+    plugged = dataclasses.replace(CONFIG, parts={"allocate_slots": lambda *args, **kwargs: None})
     with pytest.raises(TypeError, match="MINI_ENABLE_V1_MULTIPROCESSING=0"):
-        _check_picklable(CONFIG, choices)
+        _check_picklable(plugged)
     monkeypatch.setenv("MINI_WORKER_MULTIPROC_METHOD", "spawn")
     with pytest.raises(TypeError, match="spawn"):
-        EngineCoreClient.make_client(True, False, CONFIG, choices)
-    _check_picklable(CONFIG, None)   # the default engine pickles fine
+        EngineCoreClient.make_client(True, False, plugged)
+    _check_picklable(CONFIG)   # the default engine pickles fine
 
 
 def test_a_course_part_reaches_a_forked_core(monkeypatch, tmp_path, greedy_reference):

@@ -7,11 +7,10 @@ import pytest
 
 from labs import plug
 from mini import LLM, SamplingParams, roles
-from mini.config import SHIPPED_MODEL_DIR
+from mini.config import SHIPPED_MODEL_DIR, EngineConfig
 from mini.engine import EngineCoreRequest, detokenizer
 from mini.engine.detokenizer import IncrementalDetokenizer, OffsetIncrementalDetokenizer
 from mini.engine.output_processor import OutputProcessor
-from mini.roles import DEFAULT, choose
 
 pytestmark = pytest.mark.skipif(not (SHIPPED_MODEL_DIR / "config.json").exists(), reason="no shipped model")
 pytestmark = [pytestmark, pytest.mark.inprocess_engine]  # it looks inside the engine: in-process engines
@@ -44,14 +43,14 @@ def test_the_references_live_on_the_text_detokenizer():
     for part in PARTS:
         assert roles.home_class(part) is OffsetIncrementalDetokenizer
         assert roles.reference(part) is getattr(detokenizer, part)
-    assert DEFAULT.resolve(OffsetIncrementalDetokenizer) is OffsetIncrementalDetokenizer
+    assert roles.resolve(EngineConfig(), OffsetIncrementalDetokenizer) is OffsetIncrementalDetokenizer
     assert OutputProcessor(None).text_detokenizer is OffsetIncrementalDetokenizer
 
 
 def test_the_output_processor_builds_its_detokenizers_with_the_chosen_parts(tokenizer):
     calls: dict[str, int] = {}
-    processor = OutputProcessor(tokenizer, choose({part: spying(calls, part) for part in PARTS}))
-    assert processor.text_detokenizer.replaced_parts == set(PARTS)
+    processor = OutputProcessor(tokenizer, EngineConfig(parts={part: spying(calls, part) for part in PARTS}))
+    assert processor.text_detokenizer.__bases__ == (OffsetIncrementalDetokenizer,)
     processor.add_request(request(tokenizer, stop=["zzz"]))
     detok = processor.request_states["r"].detokenizer
     assert isinstance(detok, processor.text_detokenizer)
@@ -69,7 +68,7 @@ def test_an_engine_built_inside_plug_detokenizes_with_the_plugged_parts():
     expected = LLM(max_model_len=64).generate(["Once upon a time"], params, use_tqdm=False)
     with plug(**{part: spying(calls, part) for part in PARTS}):
         llm = LLM(max_model_len=64)
-    assert llm.llm_engine.choices.replaced("detokenizer") == PARTS
+    assert roles.replaced(llm.llm_engine.config, "detokenizer") == PARTS
     got = llm.generate(["Once upon a time"], params, use_tqdm=False)   # after the block: kept
     assert set(calls) == set(PARTS)
     assert got[0].outputs[0].text == expected[0].outputs[0].text

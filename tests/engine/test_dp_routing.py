@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mini import roles
+from mini.config import EngineConfig
 from mini.engine.dp_routing import DPLoadBalancer, get_core_engine_for_request
 
 
@@ -65,7 +66,7 @@ def test_the_choice_is_a_part_of_the_data_parallel_role():
         return len(lb_engines) - 1
 
     with roles.use(get_core_engine_for_request=always_last):
-        balancer = roles.choose().resolve(DPLoadBalancer)(3)
+        balancer = roles.resolve(roles.with_pending(EngineConfig()), DPLoadBalancer)(3)
     assert [balancer.route(f"r{i}") for i in range(3)] == [2, 2, 2]
     assert DPLoadBalancer(3).route("r") == 0
 

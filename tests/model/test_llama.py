@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mini.attention.reference as attn
-from mini import roles
+from mini.config import EngineConfig
 from mini.model.llama import LlamaForCausalLM, rms_norm
 from mini.model.loader import load_model
 from mini.worker.prepare_inputs import prepare_inputs
@@ -200,8 +200,9 @@ def test_a_model_built_with_choices_runs_its_parts(models):
         calls.append(("rms_norm", tuple(x.shape)))
         return rms_norm(x, weight, eps)
 
-    model, _ = load_model(folder, choices=roles.choose({"paged_attention": spy_attention, "rms_norm": spy_norm}))
-    assert model.replaced_parts == {"rms_norm"} and model.attention_backend.replaced_parts == {"paged_attention"}
+    model, _ = load_model(folder, config=EngineConfig(parts={"paged_attention": spy_attention, "rms_norm": spy_norm}))
+    assert type(model).__bases__ == (LlamaForCausalLM,) and type(model).rms_norm is spy_norm
+    assert type(model.attention_backend).paged_attention is spy_attention
     PagedRun(model).step([([1, 2, 3], 0, 3)])
     assert calls.count(("paged_attention", (3, 4, 16))) == 2  # once per layer
     assert calls.count(("rms_norm", (3, 64))) == 5  # two per layer, then the final norm

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoConfig
 
 from mini import roles
+from mini.config import EngineConfig
 from mini.model.llama import LlamaForCausalLM
 from mini.model.parallel_linear import RowParallelLinear
 from mini.model.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -35,8 +36,8 @@ def test_replaced_layer_classes_build_every_layer(tiny_llama_dir):
     hf_config = AutoConfig.from_pretrained(tiny_llama_dir)
     reference = LlamaForCausalLM(hf_config)
     assert type(reference.model.layers[0].self_attn.o_proj) is RowParallelLinear
-    model = roles.choose({"RowParallelLinear": CountingRow, "VocabParallelEmbedding": ZeroEmbedding}).resolve(
-        LlamaForCausalLM)(hf_config)
+    config = EngineConfig(parts={"RowParallelLinear": CountingRow, "VocabParallelEmbedding": ZeroEmbedding})
+    model = roles.resolve(config, LlamaForCausalLM)(hf_config)
     layers = model.model.layers
     assert all(type(layer.self_attn.o_proj) is CountingRow and type(layer.mlp.down_proj) is CountingRow
                for layer in layers)

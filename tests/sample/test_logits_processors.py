@@ -223,7 +223,7 @@ def test_a_resolved_container_builds_the_chosen_min_tokens_class_and_hands_out_p
     """The logits-processor parts of the sampler role (mini/roles.py) live on `LogitsProcessors`: an engine
     built with them replaced instantiates its min-tokens class, and its built-ins follow rows with its
     `process_dict_updates`; one built without them keeps the references."""
-    from mini import roles
+    from mini.config import EngineConfig
 
     calls = []
 
@@ -234,9 +234,9 @@ def test_a_resolved_container_builds_the_chosen_min_tokens_class_and_hands_out_p
     class MyMinTokens(MinTokensLogitsProcessor):
         pass
 
-    choices = roles.choose({"process_dict_updates": counting_process_dict_updates,
-                            "MinTokensLogitsProcessor": MyMinTokens})
-    container = build_logitsprocs(None, VOCAB, choices=choices)
+    config = EngineConfig(parts={"process_dict_updates": counting_process_dict_updates,
+                                 "MinTokensLogitsProcessor": MyMinTokens})
+    container = build_logitsprocs(None, VOCAB, engine_config=config)
     assert [type(p) for p in container.all] == [MinPLogitsProcessor, LogitBiasLogitsProcessor, MyMinTokens]
     update = BatchUpdate(batch_size=1, removed=[], added=[(0, SamplingParams(min_p=0.1, min_tokens=2), [1], [])],
                          moved=[])

@@ -13,13 +13,15 @@ from hypothesis import strategies as st
 import mini.sample.ops.topk_topp as topk_topp_ops
 import mini.sample.ops.topk_topp_sampler as sampler_ops
 from mini import roles
+from mini.config import EngineConfig
 from mini.sample import Sampler, SamplingMetadata, logprobs_to_dicts
 from mini.sample.logits_processor import LogitsProcessor, build_logitsprocs
 from mini.sample.logits_processor.interface import BatchUpdate
+from mini.sample.sampler import ReferenceSampler
 from mini.sampling_params import SamplingParams
 
 NEG_INF = -float("inf")
-BOTH_PATHS = pytest.mark.parametrize("use_fused", [True, False], ids=["fused", "native"])
+BOTH_PATHS = pytest.mark.parametrize("sampler_class", [Sampler, ReferenceSampler], ids=["fused", "reference"])
 
 
 def build(params, vocab_size, prompts=None, outputs=None, generators=None, logitsprocs=None):
@@ -29,9 +31,9 @@ def build(params, vocab_size, prompts=None, outputs=None, generators=None, logit
                                   generators or {}, vocab_size, "cpu", logitsprocs)
 
 
-def sample(logits, params, use_fused=True, **kwargs):
+def sample(logits, params, sampler_class=Sampler, **kwargs):
     metadata = build(params, logits.shape[1], **kwargs)
-    return Sampler(use_fused=use_fused)(logits.clone(), metadata)
+    return sampler_class()(logits.clone(), metadata)
 
 
 def chi_square_ok(samples: torch.Tensor, expected_probs: torch.Tensor) -> None:
@@ -71,7 +73,7 @@ def test_greedy_takes_the_argmax_and_mixes_with_random_rows():
 @pytest.mark.parametrize(("temperature", "top_k", "top_p"), [
     (1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 3, 1.0), (1.4, 0, 0.7), (0.8, 4, 0.6), (1.0, 0, 0.97),
 ])
-def test_sampling_frequencies_match_the_truncated_softmax(use_fused, temperature, top_k, top_p, monkeypatch):
+def test_sampling_frequencies_match_the_truncated_softmax(sampler_class, temperature, top_k, top_p, monkeypatch):
     monkeypatch.setattr(sampler_ops, "FIRST_WINDOW", 4)  # small window: exercises growth and fallback
     vocab_size, num_rows = 64, 6000
     gen = torch.Generator().manual_seed(1234)
@@ -81,12 +83,12 @@ def test_sampling_frequencies_match_the_truncated_softmax(use_fused, temperature
     logits = base.expand(num_rows, vocab_size).contiguous()
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * num_rows
     torch.manual_seed(99)
-    out = sample(logits, params, use_fused=use_fused).sampled_token_ids
+    out = sample(logits, params, sampler_class=sampler_class).sampled_token_ids
     chi_square_ok(out, expected_distribution(base, temperature, top_k, top_p))
 
 
 @BOTH_PATHS
-def test_seeded_request_gets_the_same_tokens_alone_and_batched(use_fused):
+def test_seeded_request_gets_the_same_tokens_alone_and_batched(sampler_class):
     vocab_size = 600
     gen = torch.Generator().manual_seed(5)
     steps = [torch.randn(8, vocab_size, generator=gen) * 2 for _ in range(4)]
@@ -100,7 +102,7 @@ def test_seeded_request_gets_the_same_tokens_alone_and_batched(use_fused):
             params[row_of_seeded] = seeded
             batch = logits[:batch_rows].clone()
             batch[row_of_seeded] = logits[7]
-            out = sample(batch, params, use_fused=use_fused, generators={row_of_seeded: generator})
+            out = sample(batch, params, sampler_class=sampler_class, generators={row_of_seeded: generator})
             tokens.append(out.sampled_token_ids[row_of_seeded].item())
         return tokens
 
@@ -142,15 +144,16 @@ def test_fused_and_native_paths_draw_the_same_seeded_tokens(monkeypatch):
     params = [SamplingParams(temperature=0.8, top_k=[0, 5, 30, 0][i % 4], top_p=[0.9, 1.0, 0.8, 0.99][i % 4],
                              seed=i) for i in range(12)]
     results = []
-    for use_fused in (True, False):
+    for sampler_class in (Sampler, ReferenceSampler):
         generators = {i: torch.Generator().manual_seed(i) for i in range(12)}
-        results.append(sample(logits, params, use_fused=use_fused, generators=generators).sampled_token_ids)
+        results.append(sample(logits, params, sampler_class=sampler_class, generators=generators).sampled_token_ids)
     assert torch.equal(results[0], results[1])
 
 
 def test_a_sampler_built_with_a_replaced_part_calls_it_on_the_reference_pipeline():
-    """`Choices.resolve(Sampler)` with a part replaced gives a Sampler class holding it; its `__init__` turns the
-    fused window path off, so the replacement runs, and `compute_probs` walks the same pipeline."""
+    """`roles.resolve(config, Sampler)` with a part replaced gives the reference sampler's subclass holding it
+    (the step-by-step draw, no fused window), so the replacement runs, and `compute_probs` walks the same
+    pipeline; with none replaced, the fast Sampler itself."""
     calls = []
     originals = {name: roles.reference(name) for name in ("apply_temperature", "apply_top_k_top_p",
                                                           "random_sample", "apply_all_penalties", "gather_logprobs")}
@@ -161,9 +164,9 @@ def test_a_sampler_built_with_a_replaced_part_calls_it_on_the_reference_pipeline
             return originals[name](*args)
         return part
 
-    assert Sampler().use_fused and not Sampler.replaced_parts
-    sampler = roles.choose({name: spy(name) for name in originals}).resolve(Sampler)()
-    assert not sampler.use_fused and sampler.replaced_parts == frozenset(originals)
+    assert roles.resolve(EngineConfig(), Sampler) is Sampler
+    sampler = roles.resolve(EngineConfig(parts={name: spy(name) for name in originals}), Sampler)()
+    assert type(sampler).__bases__ == (ReferenceSampler,) and isinstance(sampler, Sampler)
     logits = torch.randn(3, 20)
     params = [SamplingParams(temperature=1.0, top_k=2, logprobs=1, presence_penalty=0.5)] * 3
     out = sampler(logits.clone(), build(params, 20, outputs=[[1], [2], [3]])).sampled_token_ids
@@ -198,7 +201,7 @@ def test_compute_probs_is_the_distribution_sample_draws_from(seeded):
 
     probs = Sampler().compute_probs(logits.clone(), build(params, 40, outputs=outputs, generators=generators()))
     assert torch.allclose(probs.sum(-1), torch.ones(6))
-    sampled = Sampler(use_fused=False)(logits.clone(), build(params, 40, outputs=outputs,
+    sampled = ReferenceSampler()(logits.clone(), build(params, 40, outputs=outputs,
                                                              generators=generators())).sampled_token_ids
     assert probs[[0, 3]].max(-1).values.tolist() == [1.0, 1.0]
     assert sampled[[0, 3]].tolist() == probs[[0, 3]].argmax(-1).tolist()
@@ -244,12 +247,12 @@ def test_no_logprobs_requested_gives_none_and_minus_one_means_whole_vocab():
 
 
 @BOTH_PATHS
-def test_allowed_token_ids_restrict_every_row(use_fused):
+def test_allowed_token_ids_restrict_every_row(sampler_class):
     torch.manual_seed(4)
     logits = torch.randn(200, 40)
     params = [SamplingParams(temperature=1.5, allowed_token_ids=[3, 7, 11])] * 100 + [SamplingParams(
         temperature=0.0, allowed_token_ids=[5, 6])] * 100
-    out = sample(logits, params, use_fused=use_fused).sampled_token_ids
+    out = sample(logits, params, sampler_class=sampler_class).sampled_token_ids
     assert set(out[:100].tolist()) <= {3, 7, 11}
     expected_greedy = torch.where(logits[100:, 5] >= logits[100:, 6], 5, 6)
     assert torch.equal(out[100:], expected_greedy)
@@ -335,7 +338,7 @@ def test_penalties_reach_the_sampler_and_output_lists_are_read_live():
 
 
 @BOTH_PATHS
-def test_mostly_and_entirely_minus_inf_rows(use_fused, monkeypatch):
+def test_mostly_and_entirely_minus_inf_rows(sampler_class, monkeypatch):
     monkeypatch.setattr(sampler_ops, "FIRST_WINDOW", 2)
     vocab_size = 32
     logits = torch.full((6, vocab_size), NEG_INF)
@@ -347,7 +350,7 @@ def test_mostly_and_entirely_minus_inf_rows(use_fused, monkeypatch):
               SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=0.0),
               SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)]
     for _ in range(20):
-        out = sample(logits, params, use_fused=use_fused).sampled_token_ids
+        out = sample(logits, params, sampler_class=sampler_class).sampled_token_ids
         assert out[0] == 9 and out[1] in (3, 4) and out[3] == 17 and out[5] in (1, 30)
         assert ((out >= 0) & (out < vocab_size)).all()
 

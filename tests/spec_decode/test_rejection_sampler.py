@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mini import roles
+from mini.config import EngineConfig
 from mini.sample.metadata import SamplingMetadata
 from mini.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
@@ -301,9 +302,9 @@ def test_a_replaced_residual_is_the_one_the_resolved_rejection_sample_calls():
         calls.append(target_probs.shape)
         return compute_residual_probs(target_probs, draft_probs, draft_token_ids)
 
-    resolved = roles.choose({"compute_residual_probs": residual}).resolve(RejectionSampler)
-    assert resolved.replaced_parts == frozenset({"compute_residual_probs"})
-    assert RejectionSampler.replaced_parts == frozenset()
+    resolved = roles.resolve(EngineConfig(parts={"compute_residual_probs": residual}), RejectionSampler)
+    assert resolved.__bases__ == (RejectionSampler,)
+    assert RejectionSampler.compute_residual_probs is compute_residual_probs   # the home class is untouched
     out = resolved.rejection_sample(torch.tensor([1]), [1], None, torch.tensor([[0.5, 0.5]]), torch.tensor([0]),
                                     torch.tensor([False]), {})
     assert calls == [(1, 2)] and out.shape == (1, 2)

@@ -9,12 +9,11 @@ import torch
 
 from labs import plug
 from mini import LLM, SamplingParams, roles
-from mini.config import SHIPPED_MODEL_DIR
-from mini.roles import DEFAULT, choose
+from mini.config import SHIPPED_MODEL_DIR, EngineConfig
 from mini.sampling_params import StructuredOutputsParams
 from mini.structured_output import GrammarOutput
 from mini.structured_output.backend_mini import MiniBackend, MiniGrammarCompiler
-from mini.structured_output.bitmask import BitmaskApplier, apply_token_bitmask_inplace
+from mini.structured_output.bitmask import BitmaskApplier, TorchBitmaskApplier, apply_token_bitmask_inplace
 from mini.structured_output.dfa import build_dfa
 from mini.structured_output.regex_nfa import build_nfa
 from mini.structured_output.regex_parser import parse_regex
@@ -24,6 +23,10 @@ from mini.structured_output.token_index import TokenIndex, TokenTrie, pack_allow
 pytestmark = pytest.mark.inprocess_engine
 
 COMPILER_PARTS = ("epsilon_closure", "subset_construction", "allowed_token_ids", "pack_allowed")
+
+
+def choose(parts) -> EngineConfig:
+    return EngineConfig(parts=parts)
 
 
 def spying(calls: dict[str, int], part: str):
@@ -37,8 +40,8 @@ def spying(calls: dict[str, int], part: str):
 
 
 def test_the_default_compiler_is_the_class_itself_and_holds_the_references():
-    assert DEFAULT.resolve(MiniGrammarCompiler) is MiniGrammarCompiler
-    assert DEFAULT.resolve(BitmaskApplier) is BitmaskApplier
+    assert roles.resolve(EngineConfig(), MiniGrammarCompiler) is MiniGrammarCompiler
+    assert roles.resolve(EngineConfig(), BitmaskApplier) is BitmaskApplier
     for part in COMPILER_PARTS:
         assert roles.home_class(part) is MiniGrammarCompiler
     assert roles.reference("apply_token_bitmask_inplace") is apply_token_bitmask_inplace
@@ -47,8 +50,8 @@ def test_the_default_compiler_is_the_class_itself_and_holds_the_references():
 
 def test_a_compiler_with_a_replaced_epsilon_closure_uses_it_inside_subset_construction():
     calls: dict[str, int] = {}
-    compiler = choose({"epsilon_closure": spying(calls, "epsilon_closure")}).resolve(MiniGrammarCompiler)()
-    assert compiler.replaced_parts == {"epsilon_closure"}
+    compiler = roles.resolve(choose({"epsilon_closure": spying(calls, "epsilon_closure")}), MiniGrammarCompiler)()
+    assert type(compiler).__bases__ == (MiniGrammarCompiler,)
     nfa = build_nfa(parse_regex("(a|b)*abb"))
     dfa = compiler.build_dfa(nfa)
     assert calls["epsilon_closure"] > 0          # bound into the reference subset_construction
@@ -58,7 +61,7 @@ def test_a_compiler_with_a_replaced_epsilon_closure_uses_it_inside_subset_constr
 def test_a_compiler_builds_token_indexes_with_its_own_allowed_token_ids_and_pack_allowed():
     calls: dict[str, int] = {}
     chosen = choose({part: spying(calls, part) for part in ("allowed_token_ids", "pack_allowed")})
-    compiler = chosen.resolve(MiniGrammarCompiler)()
+    compiler = roles.resolve(chosen, MiniGrammarCompiler)()
     dfa = build_dfa(build_nfa(parse_regex("ab|c")))
     vocab = [None, b"a", b"b", b"c", b"ab"]
     index = compiler.build_token_index(dfa, TokenTrie.build(vocab), len(vocab), 0)
@@ -68,13 +71,14 @@ def test_a_compiler_builds_token_indexes_with_its_own_allowed_token_ids_and_pack
     assert calls == {"allowed_token_ids": dfa.num_states, "pack_allowed": dfa.num_states}
 
 
-def test_the_backend_builds_its_compiler_from_the_engines_choices():
+def test_the_backend_builds_its_compiler_from_the_engines_config():
     class Tokenizer:   # MiniBackend reads the tokenizer only when it builds its trie
         pass
 
     assert type(MiniBackend(Tokenizer(), 8, 0).compiler) is MiniGrammarCompiler
     chosen = choose({"pack_allowed": pack_allowed})
-    assert type(MiniBackend(Tokenizer(), 8, 0, chosen).compiler).replaced_parts == {"pack_allowed"}
+    compiler_class = type(MiniBackend(Tokenizer(), 8, 0, chosen).compiler)
+    assert compiler_class.__bases__ == (MiniGrammarCompiler,) and compiler_class.pack_allowed is pack_allowed
 
 
 def test_the_bitmask_applier_masks_the_rows_of_the_constrained_requests():
@@ -90,13 +94,14 @@ def test_the_bitmask_applier_masks_the_rows_of_the_constrained_requests():
 
 def test_a_replaced_bitmask_op_runs_in_the_applier_on_every_device():
     calls: dict[str, int] = {}
-    applier_class = choose({"apply_token_bitmask_inplace": spying(calls, "apply_token_bitmask_inplace")}
-                           ).resolve(BitmaskApplier)
+    applier_class = roles.resolve(choose({"apply_token_bitmask_inplace": spying(calls, "apply_token_bitmask_inplace")}),
+                                  BitmaskApplier)
+    assert applier_class.__bases__ == (TorchBitmaskApplier,)   # the reference applier, the op bound in
     bitmask = np.stack([pack_allowed([3], 8)])
     logits = applier_class("cpu")(torch.zeros(1, 8), GrammarOutput(["r"], bitmask), {"r": 0})
     assert calls == {"apply_token_bitmask_inplace": 1}
     assert torch.isinf(logits).sum() == 7
-    if torch.cuda.is_available():   # the Triton fast path steps aside for a replaced op, decided at build time
+    if torch.cuda.is_available():   # the reference class has no Triton path: the replaced op runs on CUDA too
         assert applier_class("cuda").op is applier_class.apply_token_bitmask_inplace
 
 
@@ -110,7 +115,7 @@ def test_an_engine_built_inside_plug_compiles_and_masks_with_the_plugged_parts()
     assert calls == {}
     with plug(**{part: spying(calls, part) for part in parts}):
         llm = LLM(max_num_batched_tokens=64)
-    assert llm.llm_engine.choices.replaced("structured_output") == parts
+    assert roles.replaced(llm.llm_engine.config, "structured_output") == parts
     got = llm.generate(["Code:"], params, use_tqdm=False)   # after the block: the engine kept its parts
     # A replaced subset_construction is a whole algorithm with its own closure: only the others are called.
     assert set(calls) == set(parts) - {"epsilon_closure"}

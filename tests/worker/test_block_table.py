@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 
-from labs import plug
 from mini import LLM, SamplingParams, roles
 from mini.worker.block_table import BlockTable
+from mini.worker.model_runner import ModelRunner
 from mini.worker.prepare_inputs import make_block_table
 
 # It looks inside the engine (scheduler, runner, observers): its engines run in-process in either suite mode.
@@ -78,12 +78,12 @@ def test_engine_steps_match_the_pure_prepare_inputs(tiny_llama_dir):
         compared.append(len(states))
         return reference_run_model(model, kv_caches, inputs, metadata)
 
-    with plug(run_model=run_model_and_compare):  # replacing run_model keeps the fast input path
-        llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=2, max_model_len=64,
-                  num_gpu_blocks_override=14, max_num_batched_tokens=12, max_num_seqs=4)
+    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, block_size=2, max_model_len=64,
+              num_gpu_blocks_override=14, max_num_batched_tokens=12, max_num_seqs=4)
     engine = llm.llm_engine
     runner = engine.model_runner
-    assert not runner.uses_reference_inputs
+    assert type(runner) is ModelRunner   # the fast input path (a plugged part would build the reference runner)
+    runner.run_model = run_model_and_compare   # this instance only: a spy after the fast path built its inputs
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     for step in range(200):

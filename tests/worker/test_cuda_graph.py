@@ -121,7 +121,7 @@ def test_when_graphs_are_off():
     # The stand-in reruns host code on replay, so any backend may use it.
     assert cuda_graph.disabled_reason(EngineConfig(max_model_len=64), "torch", cuda_graph.EagerReplayGraph) is None
     assert "would not see the replacement" in cuda_graph.disabled_reason(
-        EngineConfig(max_model_len=64), "triton", cuda_graph.CudaGraph, ["rms_norm"])
+        EngineConfig(max_model_len=64, parts={"rms_norm": lambda x, w, eps: x}), "triton", cuda_graph.CudaGraph)
 
 
 def test_cpu_engine_runs_eager_and_says_why(tiny_llama_dir, caplog):

@@ -28,7 +28,7 @@ KV slots hold wrong keys and values, and are simply overwritten later. No block 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from mini.core.kv_cache_manager import KVCacheManager
 from mini.core.request import Request, RequestStatus
@@ -37,7 +37,6 @@ from mini.core.sched.output import CachedRequestData, NewRequestData, SchedulerO
 from mini.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from mini.engine import EngineCoreOutput
 from mini.metrics.stats import SpecDecodingStats
-from mini.roles import DEFAULT, Choices
 from mini.structured_output.request import GrammarVerdict
 
 if TYPE_CHECKING:
@@ -120,9 +119,8 @@ class Scheduler:
     num_tokens_to_schedule = staticmethod(num_tokens_to_schedule)
     select_preemption_victim = staticmethod(select_preemption_victim)
     check_stop = staticmethod(sched_utils.check_stop)
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager, choices: Choices = DEFAULT) -> None:
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.max_num_running_reqs = config.max_num_seqs

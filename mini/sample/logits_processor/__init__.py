@@ -2,8 +2,8 @@
 
 `build_logitsprocs(custom_classes, vocab_size, device)` instantiates the built-ins (min-p, logit bias,
 min tokens) and any custom `LogitsProcessor` subclasses (given as classes or "module:Class" /
-"module.Class" strings), and sorts them into argmax-invariant and non-invariant lists. `choices` (what
-the engine chose when it was built, mini/roles.py) picks the `LogitsProcessors` class that builds them.
+"module.Class" strings), and sorts them into argmax-invariant and non-invariant lists. `engine_config`'s
+`parts` (what the engine replaced, mini/roles.py) pick the `LogitsProcessors` class that builds them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mini.roles import DEFAULT, Choices
+from mini import roles
 from mini.sample.logits_processor.builtin import (
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
@@ -58,7 +58,6 @@ def build_logitsprocs(
     engine_config: Any = None,
     max_num_reqs: int = 256,
     is_pin_memory: bool = False,
-    choices: Choices = DEFAULT,
 ) -> LogitsProcessors:
     """The built-in processors plus one instance of each custom class, ready for update_state/apply."""
     if not isinstance(vocab_size, int) or vocab_size < 1:
@@ -67,7 +66,7 @@ def build_logitsprocs(
                                    engine_config=engine_config)
     device = torch.device(device)
     custom = [resolve_logitsproc_class(c) for c in custom_classes or ()]
-    return choices.resolve(LogitsProcessors).build(config, device, is_pin_memory, custom)
+    return roles.resolve(engine_config, LogitsProcessors).build(config, device, is_pin_memory, custom)
 
 
 __all__ = [

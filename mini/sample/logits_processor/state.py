@@ -14,6 +14,7 @@ the built-in processors it builds, and the three built-in classes it builds (`Mi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -100,10 +101,9 @@ class BatchUpdateBuilder:
 class LogitsProcessors:
     """The loaded processors, split as the sampler uses them.
 
-    Built by `build` from the class `Choices.resolve` gives (mini/roles.py): its `MinPLogitsProcessor`,
-    `LogitBiasLogitsProcessor` and `MinTokensLogitsProcessor` are the built-in classes it instantiates, and
-    its `process_dict_updates` the one its built-in
-    processors follow the batch with.
+    Built by `build` from the class `roles.resolve(config, LogitsProcessors)` gives (mini/roles.py): its
+    `MinPLogitsProcessor`, `LogitBiasLogitsProcessor` and `MinTokensLogitsProcessor` are the built-in classes
+    it instantiates, and its `process_dict_updates` the one its built-in processors follow the batch with.
     """
 
     argmax_invariant: list[LogitsProcessor] = field(default_factory=list)
@@ -113,7 +113,6 @@ class LogitsProcessors:
     MinPLogitsProcessor: ClassVar[type[LogitsProcessor]] = builtin.MinPLogitsProcessor
     LogitBiasLogitsProcessor: ClassVar[type[LogitsProcessor]] = builtin.LogitBiasLogitsProcessor
     MinTokensLogitsProcessor: ClassVar[type[LogitsProcessor]] = builtin.MinTokensLogitsProcessor
-    replaced_parts: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def build(cls, config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool = False,
@@ -127,10 +126,11 @@ class LogitsProcessors:
 
     def instantiate(self, processor_class: type[LogitsProcessor], config: LogitsProcessorConfig,
                     device: torch.device, is_pin_memory: bool) -> LogitsProcessor:
-        """`processor_class(config, device, is_pin_memory)`; a built-in follows rows with this container's
-        `process_dict_updates` when the engine replaced it."""
+        """`processor_class(config, device, is_pin_memory)`; a row-state processor that inherits the base's
+        `process_dict_updates` follows rows with this container's (the reference one, or the engine's
+        replacement: the same assignment either way, nothing asks which)."""
         processor = processor_class(config, device, is_pin_memory)
-        if "process_dict_updates" in self.replaced_parts and isinstance(processor, RowStateLogitsProcessor):
+        if isinstance(processor, RowStateLogitsProcessor) and _inherits_process_dict_updates(processor_class):
             processor.process_dict_updates = self.process_dict_updates
         return processor
 
@@ -150,3 +150,8 @@ class LogitsProcessors:
             processor.update_state(batch_update)
 
 
+def _inherits_process_dict_updates(processor_class: type) -> bool:
+    """True when `processor_class` keeps RowStateLogitsProcessor's `process_dict_updates` (a custom processor
+    that defines its own keeps it)."""
+    return (inspect.getattr_static(processor_class, "process_dict_updates", None)
+            is inspect.getattr_static(RowStateLogitsProcessor, "process_dict_updates"))
