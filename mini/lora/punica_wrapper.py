@@ -1,0 +1,48 @@
+"""The step's token -> adapter-slot mapping, shared by every LoRA layer, and the op that applies it.
+
+Mirrors vllm/lora/punica_wrapper/punica_base.py (`PunicaWrapperBase.update_metadata`: the mapping is set
+once per step, before the forward, and every wrapped layer reads it) with the two back ends of
+vllm/lora/punica_wrapper/punica_cpu.py (torch ops) and punica_gpu.py (Triton kernels). Slot -1: no adapter.
+A step with no adapter at all sets no mapping, and the layers then run the base projection alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mini.lora.ops import torch_ops
+
+
+class PunicaWrapper:
+    """`set_mapping(token_slots)` once per step; `add_lora(out, x, lora_a, lora_b)` in every LoRA layer."""
+
+    def __init__(self, backend: str = "torch") -> None:
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"LoRA backend must be 'torch' or 'triton', got {backend!r}")
+        self.backend = backend
+        self.token_slots: torch.Tensor | None = None
+        self.groups: list[tuple[int, torch.Tensor | None]] = []
+
+    def set_mapping(self, token_slots: torch.Tensor | None) -> None:
+        """This step's slot of every token (int `[T]`), or None when no token uses an adapter."""
+        if token_slots is not None and not bool((token_slots >= 0).any()):
+            token_slots = None
+        self.token_slots = token_slots
+        self.groups = [] if token_slots is None or self.backend != "torch" else torch_ops.group_tokens(token_slots)
+
+    @property
+    def active(self) -> bool:
+        return self.token_slots is not None
+
+    def add_lora(self, out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
+        """`out[t] += B[s] @ (A[s] @ x[t])` for every token t of adapter slot s (in place)."""
+        if self.token_slots is None:
+            return
+        if x.shape[0] != self.token_slots.shape[0]:
+            raise ValueError(f"the LoRA mapping covers {self.token_slots.shape[0]} tokens, the layer got "
+                             f"{x.shape[0]}")
+        if self.backend == "triton":
+            from mini.lora.ops import triton_ops
+            triton_ops.add_lora(out, x, lora_a, lora_b, self.token_slots)
+            return
+        torch_ops.lora_expand(out, torch_ops.lora_shrink(x, lora_a, self.groups), lora_b, self.groups)
