@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
+from mini.attention.triton_utils import import_triton
+
+try:   # the interpreter is switched on first where there is no GPU (mini/attention/triton_utils.py)
+    triton, tl = import_triton()
 except ImportError:  # pragma: no cover - the torch ops serve without triton
     triton = None
 
