@@ -39,7 +39,8 @@ def lora_llm(tiny_llama_dir):
 
 def test_mixed_batch_matches_peft_merged_transformers(lora_llm, tiny_llama_dir, lora_adapters):
     prompts = _prompts()
-    requests = {name: LoRARequest(name, index + 1, str(path)) for index, (name, path) in enumerate(lora_adapters.items())}
+    requests = {name: LoRARequest(name, index + 1, str(path))
+                for index, (name, path) in enumerate(lora_adapters.items())}
     names = [None, "a", "b", "c"]
     # every prompt under every adapter and the base, interleaved so one batch mixes them all
     batch = [(prompt_index, name) for prompt_index in range(len(prompts)) for name in names]
