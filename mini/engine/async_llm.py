@@ -233,7 +233,7 @@ class AsyncLLM(abc.ABC):  # noqa: B024 - an ABC for `AsyncLLM.register(MPAsyncLL
         return self._dead_error is not None
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None, request_id: str,
-                       priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+                       priority: int = 0, lora_request: Any = None) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs; the last has `finished=True`.
 
         Raises ValueError/TypeError (bad input, nothing was added) before the first output. Closing the
@@ -248,7 +248,7 @@ class AsyncLLM(abc.ABC):  # noqa: B024 - an ABC for `AsyncLLM.register(MPAsyncLL
         finished = False
         added = False
         try:
-            self._commands.put(("add", (request_id, prompt, params, priority, collector, future)))
+            self._commands.put(("add", (request_id, prompt, params, priority, collector, future, lora_request)))
             if not self._thread.is_alive():  # shut down between the check above and the put
                 self._refuse_queued(EngineDeadError("the engine loop has been shut down"))
             await asyncio.wrap_future(future)
@@ -327,11 +327,11 @@ class AsyncLLM(abc.ABC):  # noqa: B024 - an ABC for `AsyncLLM.register(MPAsyncLL
 
     def _handle_command(self, kind: str, payload: Any) -> None:
         if kind == "add":
-            request_id, prompt, params, priority, collector, future = payload
+            request_id, prompt, params, priority, collector, future, lora_request = payload
             if future.cancelled():
                 return
             try:
-                self.engine.add_request(request_id, prompt, params, priority=priority)
+                self.engine.add_request(request_id, prompt, params, priority=priority, lora_request=lora_request)
             except Exception as error:  # noqa: BLE001  (bad input, or any failure: only this caller hears it)
                 future.set_exception(error)
                 return
