@@ -28,6 +28,8 @@ class LinearWithLoRA(nn.Module):
         # Plain attributes, not buffers: they are not checkpoint weights (vLLM: `lora_a_stacked`, `lora_b_stacked`).
         self.lora_a_stacked = torch.zeros(max_loras, max_lora_rank, in_features, device=device, dtype=dtype)
         self.lora_b_stacked = torch.zeros(max_loras, out_features, max_lora_rank, device=device, dtype=dtype)
+        # Every slot's B as one `[max_loras * r, out]` matrix, for the torch ops' one-matmul expand (kept in step).
+        self.lora_b_flat_t = torch.zeros(max_loras * max_lora_rank, out_features, device=device, dtype=dtype)
 
     def set_lora(self, slot: int, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
         """Copy one adapter's A `[r, in]` and scaled B `[out, r]` into `slot` (vLLM: `set_lora`)."""
@@ -35,13 +37,19 @@ class LinearWithLoRA(nn.Module):
         rank = lora_a.shape[0]
         self.lora_a_stacked[slot, :rank].copy_(lora_a)
         self.lora_b_stacked[slot, :, :rank].copy_(lora_b)
+        self._sync_flat(slot)
 
     def reset_lora(self, slot: int) -> None:
         self.lora_a_stacked[slot].zero_()
         self.lora_b_stacked[slot].zero_()
+        self._sync_flat(slot)
+
+    def _sync_flat(self, slot: int) -> None:
+        rank = self.lora_b_stacked.shape[2]
+        self.lora_b_flat_t[slot * rank:(slot + 1) * rank].copy_(self.lora_b_stacked[slot].T)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
         if self.punica.active:
-            self.punica.add_lora(out, x, self.lora_a_stacked, self.lora_b_stacked)
+            self.punica.add_lora(out, x, self.lora_a_stacked, self.lora_b_stacked, self.lora_b_flat_t)
         return out

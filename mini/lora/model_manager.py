@@ -44,7 +44,7 @@ class LoRAModelManager:
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
-        self.punica = PunicaWrapper(backend or default_lora_backend(self.device))
+        self.punica = PunicaWrapper(backend or default_lora_backend(self.device), max_loras, max_lora_rank)
         self.modules: dict[str, LinearWithLoRA] = {}
         shapes = target_shapes(model.config)
         for index, layer in enumerate(model.model.layers):

@@ -16,26 +16,31 @@ from mini.lora.ops import torch_ops
 class PunicaWrapper:
     """`set_mapping(token_slots)` once per step; `add_lora(out, x, lora_a, lora_b)` in every LoRA layer."""
 
-    def __init__(self, backend: str = "torch") -> None:
+    def __init__(self, backend: str = "torch", max_loras: int = 1, max_lora_rank: int = 1) -> None:
         if backend not in ("torch", "triton"):
             raise ValueError(f"LoRA backend must be 'torch' or 'triton', got {backend!r}")
         self.backend = backend
+        self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.token_slots: torch.Tensor | None = None
-        self.groups: list[tuple[int, torch.Tensor | None]] = []
+        self.mask: torch.Tensor | None = None   # torch back end: `torch_ops.slot_mask`, built once per step
 
     def set_mapping(self, token_slots: torch.Tensor | None) -> None:
         """This step's slot of every token (int `[T]`), or None when no token uses an adapter."""
         if token_slots is not None and not bool((token_slots >= 0).any()):
             token_slots = None
         self.token_slots = token_slots
-        self.groups = [] if token_slots is None or self.backend != "torch" else torch_ops.group_tokens(token_slots)
+        self.mask = None
+        if token_slots is not None and self.backend == "torch":
+            self.mask = torch_ops.slot_mask(token_slots, self.max_loras, self.max_lora_rank, torch.float32)
 
     @property
     def active(self) -> bool:
         return self.token_slots is not None
 
-    def add_lora(self, out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
-        """`out[t] += B[s] @ (A[s] @ x[t])` for every token t of adapter slot s (in place)."""
+    def add_lora(self, out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                 lora_b_flat_t: torch.Tensor | None = None) -> None:
+        """`out[t] += B[s] @ (A[s] @ x[t])` for every token t of adapter slot s (in place). `lora_b_flat_t`:
+        B of every slot as one `[max_loras * r, out]` matrix (the layer keeps it; made here when not given)."""
         if self.token_slots is None:
             return
         if x.shape[0] != self.token_slots.shape[0]:
@@ -45,4 +50,8 @@ class PunicaWrapper:
             from mini.lora.ops import triton_ops
             triton_ops.add_lora(out, x, lora_a, lora_b, self.token_slots)
             return
-        torch_ops.lora_expand(out, torch_ops.lora_shrink(x, lora_a, self.groups), lora_b, self.groups)
+        if lora_b_flat_t is None:
+            lora_b_flat_t = lora_b.permute(0, 2, 1).reshape(-1, lora_b.shape[1])
+        mask = self.mask if self.mask.dtype == x.dtype else self.mask.to(x.dtype)
+        buffer = torch_ops.lora_shrink_stacked(x, lora_a.view(-1, lora_a.shape[-1]), mask)
+        torch_ops.lora_expand_stacked(out, buffer, lora_b_flat_t)

@@ -36,17 +36,20 @@ def test_torch_ops_equal_reference(slots):
     x, lora_a, lora_b, out, _ = _case()
     token_slots = torch.tensor(slots)
     expected = torch_ops.add_lora_reference(out, x, lora_a, lora_b, token_slots)
-    punica = PunicaWrapper("torch")
+    punica = PunicaWrapper("torch", max_loras=lora_a.shape[0], max_lora_rank=lora_a.shape[1])
     punica.set_mapping(token_slots)
     got = out.clone()
-    punica.add_lora(got, x, lora_a, lora_b)
+    punica.add_lora(got, x, lora_a, lora_b)   # the stacked ops: one matmul pair for every slot
     torch.testing.assert_close(got, expected)
     assert punica.active == any(s >= 0 for s in slots)
+    groups = torch_ops.group_tokens(token_slots)   # the grouped ops: one matmul pair per slot
+    grouped = torch_ops.lora_expand(out.clone(), torch_ops.lora_shrink(x, lora_a, groups), lora_b, groups)
+    torch.testing.assert_close(grouped, expected)
 
 
 def test_mapping_must_cover_the_layer_input():
     x, lora_a, lora_b, out, slots = _case()
-    punica = PunicaWrapper("torch")
+    punica = PunicaWrapper("torch", max_loras=3, max_lora_rank=4)
     punica.set_mapping(slots[:4])
     with pytest.raises(ValueError, match="covers 4 tokens"):
         punica.add_lora(out, x, lora_a, lora_b)

@@ -1,4 +1,4 @@
-"""Punica-style LoRA in plain torch: every token's adapter slot, then one small matmul pair per slot.
+"""Punica-style LoRA in plain torch, two ways: one matmul pair per adapter slot, or one pair for all slots.
 
 Mirrors vllm/lora/ops/torch_ops/lora_ops.py (`bgmv_shrink` / `bgmv_expand`, used by
 vllm/lora/punica_wrapper/punica_cpu.py). vLLM's torch ops gather each token's own A and B (`lora_a[indices]`,
@@ -8,6 +8,12 @@ matmuls per layer and copies no weights. Slot -1 means "no adapter": those rows 
 
     shrink:  buffer[t] = x[t] @ lora_a[slot[t]].T          [T, in] -> [T, r]
     expand:  out[t]   += buffer[t] @ lora_b[slot[t]].T      [T, r]  -> [T, out]   (B already holds the scaling)
+
+The engine's CPU path (`lora_shrink_stacked` / `lora_expand_stacked`) goes further: every slot's A stacked
+into one `[max_loras * r, in]` matrix, so ONE matmul shrinks every token through every slot, a 0/1 mask built
+once per step keeps each token's own slot's r columns, and ONE matmul expands: three ops per layer whatever
+the mix of adapters. It computes `max_loras` times the shrink and expand FLOPs a token needs, which is small
+next to the base projection while `max_loras * r` is small next to its width (4 x 16 = 64 here).
 """
 
 from __future__ import annotations
@@ -49,3 +55,19 @@ def add_lora_reference(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor,
         if slot >= 0:
             out[t] += lora_b[slot] @ (lora_a[slot] @ x[t])
     return out
+
+
+def slot_mask(token_slots: torch.Tensor, max_loras: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """`[T, max_loras * rank]`: 1 in the `rank` columns of each token's slot, 0 elsewhere (all 0 for slot -1)."""
+    columns = torch.arange(max_loras * rank, device=token_slots.device) // rank
+    return (columns[None, :] == token_slots[:, None]).to(dtype)
+
+
+def lora_shrink_stacked(x: torch.Tensor, lora_a_flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`(x @ A_all.T) * mask`, `lora_a_flat` `[max_loras * r, in]`: each token through its own slot only."""
+    return torch.mm(x, lora_a_flat.T).mul_(mask)
+
+
+def lora_expand_stacked(out: torch.Tensor, buffer: torch.Tensor, lora_b_flat_t: torch.Tensor) -> torch.Tensor:
+    """`out += buffer @ B_all`, `lora_b_flat_t` `[max_loras * r, out]` (the masked columns add nothing)."""
+    return out.addmm_(buffer, lora_b_flat_t)
