@@ -11,7 +11,8 @@ needed), one engine (`enable_lora=True, max_loras=--num-adapters`) runs three wa
   adapter at a time would run them so).
 
 Warm-up first (untimed; every adapter loaded into its slot), then `--rounds` rounds of base, mixed, serial;
-each figure is the median over the rounds of (prompt + generated tokens) / wall time. Last line:
+each is printed as the median wall time and (prompt + generated tokens) / wall time over the rounds, with the
+spread (min-max). Last line:
 `mixed_vs_base=X serial_vs_mixed=Y` (time ratios: mixed / base, serial / mixed; the goals are <= 1.3 and >= 2).
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from mini import LLM, LoRARequest, SamplingParams
+from mini.bench.workload import machine_line, spread
 from mini.lora.peft_helper import CONFIG_FILE, TARGET_MODULES, WEIGHTS_FILE, target_shapes
 from mini.model.llama import DecoderConfig
 from mini.model.loader import read_hf_config
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         ways = {"base": lambda: timed(llm, prompts, params, None),
                 "mixed": lambda: timed(llm, prompts, params, mixed),
                 "serial": serial}
+        print(machine_line(torch.get_num_threads(), str(llm.llm_engine.config.device)), flush=True)
         print(f"{args.num_requests} requests x ({args.prompt_len} prompt + {args.max_tokens} output tokens), "
               f"{args.num_adapters} adapters of rank {args.rank} on every projection, shipped model, "
               f"torch threads {torch.get_num_threads()}, warm-up + {args.rounds} rounds")
@@ -105,9 +108,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 elapsed, tokens[name] = run()
                 seconds[name].append(elapsed)
     for name in ways:
-        median = statistics.median(seconds[name])
-        print(f"{name:<7} {median * 1e3:8.1f} ms  {tokens[name] / median:8.0f} tok/s  "
-              f"(rounds {min(seconds[name]) * 1e3:.1f}-{max(seconds[name]) * 1e3:.1f} ms)")
+        print(f"{name} ms: {spread([s * 1e3 for s in seconds[name]])}")
+        print(f"{name} tok/s: {spread([tokens[name] / s for s in seconds[name]])}")
     summary = {"mixed_vs_base": statistics.median(seconds["mixed"]) / statistics.median(seconds["base"]),
                "serial_vs_mixed": statistics.median(seconds["serial"]) / statistics.median(seconds["mixed"])}
     print(" ".join(f"{name}={value:.2f}" for name, value in summary.items()))

@@ -13,7 +13,8 @@ def test_lora_bench_reports_the_three_ways_and_the_ratios(capsys):
     assert set(summary) == {"mixed_vs_base", "serial_vs_mixed"}
     assert all(value > 0 for value in summary.values())
     for way in ("base", "mixed", "serial"):
-        assert any(line.startswith(way) and "tok/s" in line for line in out.splitlines()), way
+        assert f"{way} ms: " in out and f"{way} tok/s: " in out, way
+    assert out.startswith("machine: ")
     assert out.strip().splitlines()[-1].startswith("mixed_vs_base=")
 
 
