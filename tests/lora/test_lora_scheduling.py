@@ -66,3 +66,14 @@ def test_lora_enters_the_first_blocks_hash():
     assert len({plain[1], with_a[1], with_b[1]}) == 3, "the chain carries the adapter to every block"
     assert kv_cache_utils.lora_cache_salt("s", None) == "s"
     assert kv_cache_utils.lora_cache_salt("s", a) != kv_cache_utils.lora_cache_salt(None, a)
+
+
+def test_lora_request_crosses_the_process_boundary_intact():
+    from mini.engine import EngineCoreRequest
+    from mini.sampling_params import SamplingParams as Params
+    from mini.serial_utils import decode_request, encode
+
+    lora = LoRARequest("a", 3, "/x/a")
+    for value in (lora, None):
+        request = EngineCoreRequest("r", None, [1, 2], Params(max_tokens=2), None, 0.0, lora_request=value)
+        assert decode_request(encode(request)).lora_request == value
