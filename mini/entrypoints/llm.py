@@ -134,6 +134,7 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate the assistant's reply to one conversation or to a list of conversations (vLLM's LLM.chat).
 
@@ -158,7 +159,7 @@ class LLM:
                 chat_template_kwargs=chat_template_kwargs,
             )
             prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def beam_search(  # noqa: C901 - mirrors vLLM's LLM.beam_search
         self,

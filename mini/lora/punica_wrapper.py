@@ -13,6 +13,12 @@ import torch
 from mini.lora.ops import torch_ops
 
 
+# The torch back end's two ways (mini/lora/ops/torch_ops.py): a step of at most this many tokens (decode-sized,
+# where the cost is the number of ops) runs the stacked ops, three ops per layer; a bigger one (a prefill, where
+# the cost is the FLOPs) runs one matmul pair per adapter on its own tokens only.
+GROUPED_MIN_TOKENS = 128
+
+
 class PunicaWrapper:
     """`set_mapping(token_slots)` once per step; `add_lora(out, x, lora_a, lora_b)` in every LoRA layer."""
 
@@ -23,15 +29,19 @@ class PunicaWrapper:
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.token_slots: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None   # torch back end: `torch_ops.slot_mask`, built once per step
+        self.groups: list[tuple[int, torch.Tensor | None]] = []   # ... or the tokens of each slot (big steps)
 
     def set_mapping(self, token_slots: torch.Tensor | None) -> None:
         """This step's slot of every token (int `[T]`), or None when no token uses an adapter."""
         if token_slots is not None and not bool((token_slots >= 0).any()):
             token_slots = None
         self.token_slots = token_slots
-        self.mask = None
+        self.mask, self.groups = None, []
         if token_slots is not None and self.backend == "torch":
-            self.mask = torch_ops.slot_mask(token_slots, self.max_loras, self.max_lora_rank, torch.float32)
+            if token_slots.shape[0] > GROUPED_MIN_TOKENS:
+                self.groups = torch_ops.group_tokens(token_slots)
+            else:
+                self.mask = torch_ops.slot_mask(token_slots, self.max_loras, self.max_lora_rank, torch.float32)
 
     @property
     def active(self) -> bool:
@@ -49,6 +59,9 @@ class PunicaWrapper:
         if self.backend == "triton":
             from mini.lora.ops import triton_ops
             triton_ops.add_lora(out, x, lora_a, lora_b, self.token_slots)
+            return
+        if self.groups:
+            torch_ops.lora_expand(out, torch_ops.lora_shrink(x, lora_a, self.groups), lora_b, self.groups)
             return
         if lora_b_flat_t is None:
             lora_b_flat_t = lora_b.permute(0, 2, 1).reshape(-1, lora_b.shape[1])

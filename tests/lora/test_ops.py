@@ -31,15 +31,17 @@ def test_reference_is_base_plus_b_a_x():
     torch.testing.assert_close(got[3], out[3] + lora_b[2] @ lora_a[2] @ x[3])
 
 
+@pytest.mark.parametrize("grouped_min_tokens", [128, 0])   # the stacked ops, then the grouped ones
 @pytest.mark.parametrize("slots", [SLOTS, [1] * 9, [-1] * 9])
-def test_torch_ops_equal_reference(slots):
+def test_torch_ops_equal_reference(slots, grouped_min_tokens, monkeypatch):
+    monkeypatch.setattr("mini.lora.punica_wrapper.GROUPED_MIN_TOKENS", grouped_min_tokens)
     x, lora_a, lora_b, out, _ = _case()
     token_slots = torch.tensor(slots)
     expected = torch_ops.add_lora_reference(out, x, lora_a, lora_b, token_slots)
     punica = PunicaWrapper("torch", max_loras=lora_a.shape[0], max_lora_rank=lora_a.shape[1])
     punica.set_mapping(token_slots)
     got = out.clone()
-    punica.add_lora(got, x, lora_a, lora_b)   # the stacked ops: one matmul pair for every slot
+    punica.add_lora(got, x, lora_a, lora_b)
     torch.testing.assert_close(got, expected)
     assert punica.active == any(s >= 0 for s in slots)
     groups = torch_ops.group_tokens(token_slots)   # the grouped ops: one matmul pair per slot
