@@ -12,7 +12,6 @@ import torch
 
 from mini.lora.ops import torch_ops
 
-
 # The torch back end's two ways (mini/lora/ops/torch_ops.py): a step of at most this many tokens (decode-sized,
 # where the cost is the number of ops) runs the stacked ops, three ops per layer; a bigger one (a prefill, where
 # the cost is the FLOPs) runs one matmul pair per adapter on its own tokens only.
