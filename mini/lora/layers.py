@@ -16,17 +16,42 @@ from torch import nn
 from mini.lora.punica_wrapper import PunicaWrapper
 
 
+class SharedShrink:
+    """The A of projections that read the same input (q/k/v; gate/up), side by side: in a stacked step the first
+    of them shrinks the input through all of them in one matmul, the others reuse that result (mini's; vLLM
+    fuses them into one layer, `MergedQKVParallelLinearWithLoRA` in vllm/lora/layers/column_parallel_linear.py)."""
+
+    def __init__(self, num_members: int, max_loras: int, max_lora_rank: int, in_features: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.num_members = num_members
+        self.lora_a = torch.zeros(num_members, max_loras, max_lora_rank, in_features, device=device, dtype=dtype)
+        self._input: torch.Tensor | None = None     # the input last shrunk (held, so `is` cannot mistake another)
+        self._buffer: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
+
+    def shrink(self, punica: PunicaWrapper, x: torch.Tensor) -> torch.Tensor:
+        """`[T, num_members * max_loras * r]`: every member's masked shrink of `x`, computed once per input."""
+        if self._input is not x or self._mask is not punica.mask:   # a new input, or a new step's mapping
+            self._buffer = punica.shrink_stacked(x, self.lora_a.view(-1, self.lora_a.shape[-1]), self.num_members)
+            self._input, self._mask = x, punica.mask
+        return self._buffer
+
+
 class LinearWithLoRA(nn.Module):
     """Wraps `base_layer` (a mini linear layer, any kind); `forward(x) = base_layer(x) + LoRA(x)`."""
 
     def __init__(self, base_layer: nn.Module, in_features: int, out_features: int, max_loras: int,
-                 max_lora_rank: int, punica: PunicaWrapper, device: torch.device, dtype: torch.dtype) -> None:
+                 max_lora_rank: int, punica: PunicaWrapper, device: torch.device, dtype: torch.dtype,
+                 shared: SharedShrink | None = None, member: int = 0) -> None:
         super().__init__()
         self.base_layer = base_layer
         self.in_features, self.out_features = in_features, out_features
         self.punica = punica
         # Plain attributes, not buffers: they are not checkpoint weights (vLLM: `lora_a_stacked`, `lora_b_stacked`).
-        self.lora_a_stacked = torch.zeros(max_loras, max_lora_rank, in_features, device=device, dtype=dtype)
+        # With `shared`, this layer's A is its slice of the shared one (written in place by `set_lora`).
+        self.shared, self.member = shared, member
+        self.lora_a_stacked = (torch.zeros(max_loras, max_lora_rank, in_features, device=device, dtype=dtype)
+                               if shared is None else shared.lora_a[member])
         self.lora_b_stacked = torch.zeros(max_loras, out_features, max_lora_rank, device=device, dtype=dtype)
         # Every slot's B as one `[max_loras * r, out]` matrix, for the torch ops' one-matmul expand (kept in step).
         self.lora_b_flat_t = torch.zeros(max_loras * max_lora_rank, out_features, device=device, dtype=dtype)
@@ -50,6 +75,12 @@ class LinearWithLoRA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
-        if self.punica.active:
-            self.punica.add_lora(out, x, self.lora_a_stacked, self.lora_b_stacked, self.lora_b_flat_t)
+        if not self.punica.active:
+            return out
+        if self.shared is not None and self.punica.mask is not None:   # stacked step: the shared shrink
+            width = self.lora_b_flat_t.shape[0]
+            buffer = self.shared.shrink(self.punica, x)[:, self.member * width:(self.member + 1) * width]
+            out.addmm_(buffer, self.lora_b_flat_t)
+            return out
+        self.punica.add_lora(out, x, self.lora_a_stacked, self.lora_b_stacked, self.lora_b_flat_t)
         return out

@@ -19,10 +19,13 @@ from typing import Any
 
 import torch
 
-from mini.lora.layers import LinearWithLoRA
+from mini.lora.layers import LinearWithLoRA, SharedShrink
 from mini.lora.peft_helper import TARGET_MODULES, load_adapter_weights, target_shapes
 from mini.lora.punica_wrapper import PunicaWrapper
 from mini.lora.request import LoRARequest
+
+# Projections that read the same input (LlamaAttention: q/k/v of the normed hidden state; LlamaMLP: gate/up).
+SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def default_lora_backend(device: torch.device | str) -> str:
@@ -48,11 +51,17 @@ class LoRAModelManager:
         self.modules: dict[str, LinearWithLoRA] = {}
         shapes = target_shapes(model.config)
         for index, layer in enumerate(model.model.layers):
+            # q/k/v read one input, gate/up another: each set shares one shrink per stacked step
+            shared = {group: SharedShrink(len(group), max_loras, max_lora_rank, shapes[group[0]][0], self.device,
+                                          self.dtype) for group in SHARED_INPUTS}
             for proj, parent_name in TARGET_MODULES.items():
                 parent = getattr(layer, parent_name)
                 in_features, out_features = shapes[proj]
+                group = next((g for g in SHARED_INPUTS if proj in g), None)
                 wrapped = LinearWithLoRA(getattr(parent, proj), in_features, out_features, max_loras, max_lora_rank,
-                                         self.punica, self.device, self.dtype)
+                                         self.punica, self.device, self.dtype,
+                                         shared=None if group is None else shared[group],
+                                         member=0 if group is None else group.index(proj))
                 setattr(parent, proj, wrapped)
                 self.modules[f"layers.{index}.{proj}"] = wrapped
         # lora_int_id -> (request, weights), least recently used first (vLLM: the worker manager's LRU cache).

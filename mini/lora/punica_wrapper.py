@@ -29,6 +29,7 @@ class PunicaWrapper:
         self.token_slots: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None   # torch back end: `torch_ops.slot_mask`, built once per step
         self.groups: list[tuple[int, torch.Tensor | None]] = []   # ... or the tokens of each slot (big steps)
+        self._masks: dict[int, torch.Tensor] = {}   # the mask repeated for projections sharing a shrink
 
     def set_mapping(self, token_slots: torch.Tensor | None) -> None:
         """This step's slot of every token (int `[T]`), or None when no token uses an adapter."""
@@ -36,11 +37,19 @@ class PunicaWrapper:
             token_slots = None
         self.token_slots = token_slots
         self.mask, self.groups = None, []
+        self._masks: dict[int, torch.Tensor] = {}
         if token_slots is not None and self.backend == "torch":
             if token_slots.shape[0] > GROUPED_MIN_TOKENS:
                 self.groups = torch_ops.group_tokens(token_slots)
             else:
                 self.mask = torch_ops.slot_mask(token_slots, self.max_loras, self.max_lora_rank, torch.float32)
+
+    def shrink_stacked(self, x: torch.Tensor, lora_a_flat: torch.Tensor, num_members: int = 1) -> torch.Tensor:
+        """`(x @ lora_a_flat.T) * mask` for `num_members` projections' A side by side (a stacked step only)."""
+        mask = self._masks.get(num_members)
+        if mask is None or mask.dtype != x.dtype:
+            mask = self._masks[num_members] = self.mask.to(x.dtype).repeat(1, num_members)
+        return torch_ops.lora_shrink_stacked(x, lora_a_flat, mask)
 
     @property
     def active(self) -> bool:
