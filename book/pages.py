@@ -17,7 +17,7 @@ CPU_ONLY = "runs on any CPU, offline; no GPU is needed"
 
 # Guides in reading order; any other docs/*.md follows, by name.
 GUIDE_ORDER = ["index", "setup", "learners", "instructors", "authoring", "using-the-engine", "structured-output",
-               "speculative-decoding", "serving", "across-processes", "models", "engine-internals", "gpu",
+               "speculative-decoding", "serving", "lora", "across-processes", "models", "engine-internals", "gpu",
                "testing", "benchmarks", "book"]
 
 

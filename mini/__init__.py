@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING
 from mini import roles  # the roles an implementation may be chosen for (no engine module is imported)
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "roles"]
+__all__ = ["LLM", "CompletionOutput", "LoRARequest", "RequestOutput", "SamplingParams", "__version__", "roles"]
 
 if TYPE_CHECKING:
     from mini.entrypoints.llm import LLM
+    from mini.lora.request import LoRARequest
     from mini.outputs import CompletionOutput, RequestOutput
     from mini.sampling_params import SamplingParams
 
 _LAZY = {
     "LLM": ("mini.entrypoints.llm", "LLM"),
     "SamplingParams": ("mini.sampling_params", "SamplingParams"),
+    "LoRARequest": ("mini.lora.request", "LoRARequest"),
     "RequestOutput": ("mini.outputs", "RequestOutput"),
     "CompletionOutput": ("mini.outputs", "CompletionOutput"),
 }

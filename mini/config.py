@@ -121,6 +121,13 @@ class EngineConfig:
     parts: dict = field(default_factory=dict, repr=False, metadata={
         "help": "replaced parts of the engine's roles (mini/roles.py; set by labs.plug)", "cli": False,
         "engine_arg": False})
+    # LoRA adapters (mini/lora/, vllm/config/lora.py `LoRAConfig`): requests name a PEFT adapter folder
+    # (`LoRARequest`); at most `max_loras` distinct adapters run in one step, `max_cpu_loras` stay loaded on the host.
+    enable_lora: bool = field(default=False, metadata={"help": "serve LoRA adapters (requests carry a LoRARequest)"})
+    max_loras: int = field(default=1, metadata={"help": "most distinct LoRA adapters in one step (GPU slots)"})
+    max_lora_rank: int = field(default=16, metadata={"help": "largest LoRA rank an adapter may have"})
+    max_cpu_loras: int | None = field(default=None, metadata={
+        "help": "LoRA adapters kept loaded on the host, >= max_loras (default: max_loras)"})
 
     def __post_init__(self) -> None:  # noqa: C901 - a flat list of field checks, as vLLM's config validation
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
@@ -129,6 +136,7 @@ class EngineConfig:
             raise ValueError("speculative_config cannot be combined with custom logits_processors: a processor "
                              "sees one position per row, while verification scores k + 1 positions at once")
         validate_async_scheduling(self)
+        validate_lora(self)
         self._check_positive_int("block_size", self.block_size)
         self._check_positive_int("max_num_seqs", self.max_num_seqs)
         self._check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -327,3 +335,27 @@ def validate_async_scheduling(config: Any) -> None:
     if int(getattr(config, "pipeline_parallel_size", 1) or 1) > 1:
         raise ValueError("async_scheduling=True cannot be combined with pipeline_parallel_size > 1 (as vLLM's "
                          "V1 model runner)")
+
+
+def validate_lora(config: Any) -> None:
+    """The LoRA fields (vLLM: `LoRAConfig.__post_init__` and `verify_with_model_config`), and what mini cannot
+    combine with LoRA yet; `max_cpu_loras` None becomes `max_loras`, as vLLM's."""
+    if config.enable_lora is not True and config.enable_lora is not False:
+        raise ValueError(f"enable_lora must be a bool (True or False), got {config.enable_lora!r}")
+    for name in ("max_loras", "max_lora_rank"):
+        EngineConfig._check_positive_int(name, getattr(config, name))
+    if config.max_cpu_loras is None:
+        config.max_cpu_loras = config.max_loras
+    EngineConfig._check_positive_int("max_cpu_loras", config.max_cpu_loras)
+    if config.max_cpu_loras < config.max_loras:
+        raise ValueError(f"max_cpu_loras ({config.max_cpu_loras}) must be >= max_loras ({config.max_loras})")
+    if not config.enable_lora:
+        return
+    refused = {"tensor_parallel_size": config.tensor_parallel_size > 1,
+               "data_parallel_size": config.data_parallel_size > 1,
+               "speculative_config": config.speculative_config is not None,
+               "compilation_config": parse_compilation_mode(config.compilation_config) != CompilationMode.NONE}
+    for name, is_set in refused.items():
+        if is_set:
+            raise ValueError(f"enable_lora=True cannot be combined with {name}={getattr(config, name)!r} in mini "
+                             "(LoRA runs unsharded, in one eager model); leave it at its default")

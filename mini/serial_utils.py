@@ -29,6 +29,7 @@ from mini.engine import (  # the messages; re-exported here
     EngineCoreRequestType,
     UtilityOutput,
 )
+from mini.lora.request import LoRARequest
 from mini.metrics.stats import SchedulerStats
 from mini.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -73,6 +74,8 @@ def decode_request(data: bytes) -> EngineCoreRequest:
     """An `EngineCoreRequest` as the front end encoded it (`encode(request)`)."""
     raw = _any_decoder.decode(data)
     raw["sampling_params"] = sampling_params_from_wire(raw["sampling_params"])
+    if raw.get("lora_request") is not None:
+        raw["lora_request"] = LoRARequest(**raw["lora_request"])
     return EngineCoreRequest(**raw)
 
 

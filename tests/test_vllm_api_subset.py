@@ -95,6 +95,14 @@ DEFAULT_DIFFERS = {
     "ChatCompletionRequest.frequency_penalty": "as CompletionRequest.frequency_penalty",
     "ChatCompletionRequest.skip_special_tokens": "as CompletionRequest.skip_special_tokens",
     "ChatCompletionRequest.top_logprobs": "vLLM's 0 and mini's None both mean no alternatives per token",
+    # EngineArgs points these at vllm/config/lora.py's LoRAConfig, whose fields the committed index does not hold:
+    # the values are the same (max_loras 1, max_lora_rank 16, max_cpu_loras None -> max_loras).
+    "EngineConfig.max_loras": "vLLM's LoRAConfig.max_loras, 1: the same",
+    "EngineConfig.max_lora_rank": "vLLM's LoRAConfig.max_lora_rank, 16: the same",
+    "EngineConfig.max_cpu_loras": "vLLM's LoRAConfig.max_cpu_loras, None (then max_loras): the same",
+    "serve.max_loras": "as EngineConfig.max_loras",
+    "serve.max_lora_rank": "as EngineConfig.max_lora_rank",
+    "serve.max_cpu_loras": "as EngineConfig.max_cpu_loras",
 }
 
 

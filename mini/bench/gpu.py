@@ -47,6 +47,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_TESTS = [
     "tests/attention/test_triton_paged.py",        # store_kv, paged decode, paged prefill vs the reference
     "tests/structured_output/test_triton.py",      # the grammar bitmask kernel
+    "tests/lora/test_ops.py",                      # the LoRA shrink/expand kernel vs the per-token definition
     "tests/attention/test_triton_engine.py",       # the engine on the Triton backend, token-exact
     "tests/worker/test_cuda_graph.py",             # capture + replay == eager, compiled too (4 tests only with CUDA)
     "tests/engine/test_compile.py",                # torch.compile: one trace, token-identical

@@ -88,7 +88,9 @@ class KVCacheManager:
         """The request's full-block hash chain, extended to its current tokens (each block hashed once)."""
         known = self.req_to_block_hashes.setdefault(request.request_id, [])
         hashes = self.hash_request_tokens(
-            self.block_size, request.all_token_ids, request.cache_salt, self.hash_function, known)
+            self.block_size, request.all_token_ids,
+            kv_cache_utils.lora_cache_salt(request.cache_salt, getattr(request, "lora_request", None)),
+            self.hash_function, known)
         self.req_to_block_hashes[request.request_id] = hashes
         return hashes
 

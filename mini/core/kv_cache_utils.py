@@ -235,6 +235,19 @@ def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple[Any, ...
     return None
 
 
+def lora_cache_salt(cache_salt: str | None, lora_request: Any) -> str | None:
+    """The namespace a request's first block hashes under: its `cache_salt`, joined with its LoRA adapter.
+
+    vLLM adds `("lora", lora_name, lora_path)` to the extra keys of every block (`_gen_lora_extra_hash_keys`
+    in vllm/v1/core/kv_cache_utils.py), so the same prompt under two adapters (or none) never shares a block:
+    the KV of every layer differs. mini folds the adapter into the first block's salt key instead, which keeps
+    `hash_request_tokens`' signature (a course exercise); the parent chain carries it to every later block.
+    """
+    if lora_request is None:
+        return cache_salt
+    return f"{cache_salt or ''}\x00lora:{lora_request.lora_int_id}:{lora_request.lora_name}:{lora_request.lora_path}"
+
+
 def hash_request_tokens(
     block_size: int,
     token_ids: Sequence[int],

@@ -16,6 +16,7 @@ from mini.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     from mini.engine import EngineCoreRequest
+    from mini.lora.request import LoRARequest
     from mini.sampling_params import SamplingParams
 
 
@@ -56,6 +57,7 @@ class Request:
         "arrival_time",
         "cache_salt",
         "eos_token_id",
+        "lora_request",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_output_placeholders",
@@ -81,6 +83,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
@@ -94,6 +97,8 @@ class Request:
         self.priority = priority
         # Prefix-cache namespace (vLLM: Request.cache_salt): only requests with the same salt share blocks.
         self.cache_salt = cache_salt
+        # The LoRA adapter (mini/lora/; vLLM: Request.lora_request): the scheduler counts distinct ones per step.
+        self.lora_request = lora_request
         # vLLM (`Request.get_skip_reading_prefix_cache` in vllm/v1/request.py): SamplingParams'
         # `skip_reading_prefix_cache` when set, else True for a request asking for prompt logprobs (its cached
         # tokens would get none). Such a request still writes its blocks to the cache.
@@ -129,6 +134,7 @@ class Request:
             arrival_time=core_request.arrival_time,
             priority=core_request.priority,
             cache_salt=core_request.cache_salt,
+            lora_request=core_request.lora_request,
         )
 
     @property

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from mini.lora.request import LoRARequest
 from mini.metrics.stats import SchedulerStats
 from mini.sampling_params import SamplingParams
 
@@ -34,6 +35,7 @@ class EngineCoreRequest:
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None      # prefix-cache namespace: enters the first block's hash (prompt dict key)
+    lora_request: LoRARequest | None = None   # the adapter it runs with (mini/lora/), None: the base model
 
 
 @dataclass(slots=True)

@@ -243,7 +243,7 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------ the public surface
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None, request_id: str,
-                       priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+                       priority: int = 0, lora_request: Any = None) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs; the last has `finished=True` (phase 13's `generate_stream`).
 
         Bad input raises ValueError/TypeError before anything is queued; a consumer that goes away aborts."""
@@ -262,7 +262,7 @@ class AsyncLLM:
             # /health keep going meanwhile.
             request = await self._loop.run_in_executor(
                 self._input_executor, functools.partial(self.engine.process_request, request_id, prompt, params,
-                                                        priority=priority))
+                                                        priority=priority, lora_request=lora_request))
             self._check_alive()
             self._timings[request_id] = RequestTiming(time.monotonic(), params.output_kind)
             self.engine._queue(request)   # the output processor, then the core (n > 1: each child)

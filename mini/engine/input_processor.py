@@ -37,17 +37,19 @@ class InputProcessor:
 
     def __init__(
         self, tokenizer: Any | None, vocab_size: int, max_model_len: int, eos_token_id: int | None = None,
-        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS, lora_checker: Any | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.max_logprobs = vocab_size if max_logprobs == -1 else max_logprobs
+        # LoRA: the adapter checker (mini/lora/peft_helper.py `AdapterChecker`), None when enable_lora is off.
+        self.lora_checker = lora_checker
 
     def process(
         self, request_id: str, prompt: Any, params: SamplingParams, arrival_time: float | None = None,
-        priority: int = 0,
+        priority: int = 0, lora_request: Any | None = None,
     ) -> EngineCoreRequest:
         """Validate, tokenize, clone the params -> EngineCoreRequest. Raises before changing anything."""
         if not isinstance(request_id, str):
@@ -58,6 +60,7 @@ class InputProcessor:
             raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
         if arrival_time is not None and not isinstance(arrival_time, (int, float)):
             raise TypeError(f"arrival_time must be a float (seconds) or None, got {type(arrival_time).__name__}")
+        self._validate_lora(lora_request)
         cache_salt = self._cache_salt(prompt)
         prompt_text, prompt_token_ids = self._tokenize(prompt)
         self._validate_prompt(prompt_token_ids)
@@ -72,8 +75,17 @@ class InputProcessor:
             request_id=request_id, prompt=prompt_text, prompt_token_ids=prompt_token_ids,
             sampling_params=params, eos_token_id=self.eos_token_id,
             arrival_time=time.time() if arrival_time is None else float(arrival_time), priority=priority,
-            cache_salt=cache_salt,
+            cache_salt=cache_salt, lora_request=lora_request,
         )
+
+    def _validate_lora(self, lora_request: Any | None) -> None:
+        """A request's adapter must exist and fit the base model (vLLM: `InputProcessor._validate_lora`)."""
+        if lora_request is None:
+            return
+        if self.lora_checker is None:
+            raise ValueError(f"lora_request {getattr(lora_request, 'lora_name', lora_request)!r} was given but LoRA "
+                             "is not enabled: start the engine with enable_lora=True (--enable-lora)")
+        self.lora_checker.check(lora_request)
 
     @staticmethod
     def _cache_salt(prompt: Any) -> str | None:

@@ -98,7 +98,7 @@ class LLMEngine:
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model_dir)
         self.eos_token_id = info["eos_token_id"]     # the tokenizer's, else the checkpoint config's
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, config.max_model_len,
-                                              self.eos_token_id)
+                                              self.eos_token_id, lora_checker=self._lora_checker(config))
         self.output_processor = OutputProcessor(self.tokenizer, config)
         self._pending_outputs: list[RequestOutput] = []
 
@@ -150,6 +150,16 @@ class LLMEngine:
         """Bytes one KV block takes across all layers: 2 (K and V) x layers x block_size x kv_heads x head_size."""
         return kv_bytes_per_block(config, hf_config)
 
+    @staticmethod
+    def _lora_checker(config: EngineConfig) -> Any | None:
+        """With enable_lora, what checks each request's adapter against the base model (mini/lora/)."""
+        if not config.enable_lora:
+            return None
+        from mini.lora.peft_helper import AdapterChecker
+        from mini.model.llama import DecoderConfig
+        from mini.model.loader import read_hf_config
+        return AdapterChecker(DecoderConfig.from_hf_config(read_hf_config(config.model_dir)), config.max_lora_rank)
+
     def _eos_token_id(self) -> int | None:
         return self.eos_token_id
 
@@ -161,6 +171,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: Any | None = None,
     ) -> EngineCoreRequest:
         """Validate and tokenize one request without queueing it (vLLM: `InputProcessor.process_inputs`).
 
@@ -176,7 +187,8 @@ class LLMEngine:
             raise ValueError("structured_outputs cannot be used with speculative_config in mini: drafts are not "
                              "checked against the grammar; start an engine without speculative_config for it")
         arrival_time = time.time() if arrival_time is None else arrival_time
-        core_request = self.input_processor.process(request_id, prompt, params, arrival_time, priority)
+        core_request = self.input_processor.process(request_id, prompt, params, arrival_time, priority,
+                                                    lora_request=lora_request)
         self._check_fits(core_request)
         return core_request
 
@@ -197,6 +209,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: Any | None = None,
     ) -> None:
         """Validate and queue one request. Raises ValueError/TypeError and changes nothing on bad input.
 
@@ -212,7 +225,7 @@ class LLMEngine:
                                  f"{prompt.request_id!r}")
             core_request = prompt
         else:
-            core_request = self.process_request(request_id, prompt, params, arrival_time, priority)
+            core_request = self.process_request(request_id, prompt, params, arrival_time, priority, lora_request)
         self._queue(core_request)
 
     def _queue(self, core_request: EngineCoreRequest) -> None:

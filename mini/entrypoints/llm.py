@@ -33,6 +33,7 @@ from mini.entrypoints.chat_utils import (
     is_single_conversation,
     normalize_conversation,
 )
+from mini.lora.request import LoRARequest
 from mini.outputs import RequestOutput
 from mini.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -81,8 +82,12 @@ class LLM:
         *,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt; outputs come back in prompt order.
+
+        `lora_request` (needs `enable_lora=True`): one `LoRARequest` for every prompt, or one per prompt (None:
+        the base model), as vLLM's; requests of different adapters run in the same batch (mini/lora/).
 
         Every prompt is processed (validated, tokenized) before any is queued, so a bad prompt raises and
         leaves the engine exactly as it was; the processed requests are then queued as they are (each
@@ -91,6 +96,10 @@ class LLM:
         prompt_list = self._as_prompt_list(prompts)
         params_list = self._broadcast("sampling_params", sampling_params, len(prompt_list), SamplingParams())
         priority_list = self._broadcast("priority", priority, len(prompt_list), 0)
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            lora_list = [lora_request] * len(prompt_list)
+        else:
+            lora_list = self._broadcast("lora_request", lora_request, len(prompt_list), None)
         if self.llm_engine.config.scheduling_policy != "priority" and any(p != 0 for p in priority_list):
             raise ValueError("priority is only supported with scheduling_policy='priority'")
 
@@ -99,15 +108,15 @@ class LLM:
         request_ids = [str(first_id + index) for index in range(len(prompt_list))]
         self.request_counter = itertools.count(first_id + len(prompt_list))
         processed = []
-        for index, (request_id, prompt, params, prio) in enumerate(
-                zip(request_ids, prompt_list, params_list, priority_list, strict=False)):
+        for index, (request_id, prompt, params, prio, lora) in enumerate(
+                zip(request_ids, prompt_list, params_list, priority_list, lora_list, strict=False)):
             if isinstance(params, SamplingParams):
                 # Only the final output is wanted here (vLLM's `_add_request` in vllm/entrypoints/common/offline.py
                 # sets FINAL_ONLY on the caller's object; mini sets it on a shallow copy, the caller's stays).
                 params = copy.copy(params)
                 params.output_kind = RequestOutputKind.FINAL_ONLY
             try:  # process everything first: nothing is queued if one prompt is bad
-                processed.append(engine.process_request(request_id, prompt, params, priority=prio))
+                processed.append(engine.process_request(request_id, prompt, params, priority=prio, lora_request=lora))
             except (ValueError, TypeError) as error:
                 self.request_counter = itertools.count(first_id)   # no id was used
                 raise type(error)(f"prompt {index}: {error}") from None
@@ -125,6 +134,7 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate the assistant's reply to one conversation or to a list of conversations (vLLM's LLM.chat).
 
@@ -149,7 +159,7 @@ class LLM:
                 chat_template_kwargs=chat_template_kwargs,
             )
             prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def beam_search(  # noqa: C901 - mirrors vLLM's LLM.beam_search
         self,

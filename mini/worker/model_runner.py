@@ -103,6 +103,13 @@ class ModelRunner:
         backend_class = attention_backend_class(self.attention_backend, config)
         if type(model.attention_backend) is not backend_class:
             model.set_attention_backend(backend_class())
+        # LoRA (mini/lora/; vLLM: vllm/v1/worker/lora_model_runner_mixin.py): the projections wrapped, the slots made.
+        self.lora_manager = None
+        self.lora_requests: dict[str, Any] = {}   # req_id -> its LoRARequest (or None)
+        if getattr(config, "enable_lora", False):
+            from mini.lora.model_manager import LoRAModelManager
+            self.lora_manager = LoRAModelManager(model, config.max_loras, config.max_lora_rank,
+                                                 config.max_cpu_loras)
         compile_model(model, config.compilation_settings)   # torch.compile (mini/compilation.py); mode 0: untouched
 
         shape = model.kv_cache_shape(self.num_blocks, self.block_size)
@@ -129,14 +136,15 @@ class ModelRunner:
             self.drafter = build_drafter(config, model, self.num_blocks)
         # Start-up, after the KV caches exist (vLLM's `compile_or_warm_up_model`): capture the decode CUDA
         # graphs (cuda_graph.py); None when decode runs eager (CPU, enforce_eager, a non-capturable backend).
-        self.cuda_graph_runner = cuda_graph.build_cuda_graph_runner(config, model, self.kv_caches,
-                                                                    self.attention_backend)
+        self.cuda_graph_runner = None if self.lora_manager is not None else cuda_graph.build_cuda_graph_runner(
+            config, model, self.kv_caches, self.attention_backend)   # LoRA: the token->slot mapping changes per step
 
     # ------------------------------------------------------------------ 1. request state
     def update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Bring `self.requests` and the persistent batch in line with the scheduler's decisions."""
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.lora_requests.pop(req_id, None)
             self.input_batch.remove_request(req_id)
         scheduled = scheduler_output.num_scheduled_tokens
         for req_id in list(self.input_batch.req_id_to_index):
@@ -156,6 +164,7 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
             )
             self.requests[new.req_id] = state
+            self.lora_requests[new.req_id] = getattr(new, "lora_request", None)
             to_add.append(state)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed in zip(
@@ -221,6 +230,10 @@ class ModelRunner:
         if not states or scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
         inputs, metadata, seq_lens = self._prepare_inputs(scheduler_output)
+        if self.lora_manager is not None:   # every token's adapter slot (vLLM: `set_active_loras`)
+            self.lora_manager.set_active_loras(
+                [self.lora_requests.get(state.req_id) for state in states],
+                [scheduler_output.num_scheduled_tokens[state.req_id] for state in states])
         if trace is not None:
             trace.inputs = inputs
         hidden, logits = self._forward(inputs, metadata)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mini.core.request import Request
+    from mini.lora.request import LoRARequest
     from mini.sampling_params import SamplingParams
 
 
@@ -33,6 +34,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    lora_request: LoRARequest | None = None   # the adapter the runner maps this request's tokens to
 
     @classmethod
     def from_request(cls, request: Request, block_ids: list[int], num_computed_tokens: int) -> NewRequestData:
@@ -43,6 +45,7 @@ class NewRequestData:
             sampling_params=request.sampling_params,
             block_ids=list(block_ids),
             num_computed_tokens=num_computed_tokens,
+            lora_request=request.lora_request,
         )
 
 

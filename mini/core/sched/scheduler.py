@@ -152,6 +152,8 @@ class Scheduler:
         self.num_spec_tokens = 0 if spec is None else spec.num_speculative_tokens
         self.num_lookahead_tokens = self.num_spec_tokens if spec is not None and spec.needs_kv_cache else 0
         self.spec_decoding_stats = SpecDecodingStats(num_spec_tokens=self.num_spec_tokens)
+        # LoRA: at most this many distinct adapters among the running requests (0: LoRA off).
+        self.max_loras = config.max_loras if getattr(config, "enable_lora", False) else 0
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -328,8 +330,17 @@ class Scheduler:
 
         # 2. Waiting requests, only when nobody was preempted this step.
         if not preempted:
+            # LoRA (vLLM: `scheduled_loras`): the adapters of every running request, scheduled this step or not; a
+            # waiting request whose adapter would make one too many is skipped this step and keeps its place.
+            scheduled_loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+            skipped_waiting: list[Request] = []
             while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
                 request = self.waiting.peek_request()
+                lora = request.lora_request
+                if (self.max_loras and lora is not None and lora.lora_int_id not in scheduled_loras
+                        and len(scheduled_loras) >= self.max_loras):
+                    skipped_waiting.append(self.waiting.pop_request())
+                    continue
                 hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
                 num_new_tokens = request.num_tokens - num_hit_tokens
                 if not self.enable_chunked_prefill and num_new_tokens > token_budget:
@@ -354,6 +365,10 @@ class Scheduler:
                     request.num_cached_tokens = num_hit_tokens
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
+                if lora is not None:
+                    scheduled_loras.add(lora.lora_int_id)
+            for request in reversed(skipped_waiting):
+                self.waiting.prepend_request(request)
         scheduler_output = self._make_output(scheduled_new, scheduled_running, num_scheduled_tokens,
                                              new_block_ids, preempted)
         scheduler_output.scheduled_spec_decode_tokens = scheduled_spec_decode_tokens

@@ -115,22 +115,25 @@ def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., A
 # Complex by design: a route per endpoint.
 def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusStatLogger | None = None,  # noqa: C901
               shutdown_engine: bool = True, api_keys: Sequence[str] | None = None,
-              options: ServeOptions | None = None) -> FastAPI:
+              options: ServeOptions | None = None, lora_modules: dict[str, Any] | None = None) -> FastAPI:
     """The FastAPI app on `engine`. `shutdown_engine`: stop the engine loop when the app shuts down.
 
     `api_keys`: when given (non-empty), every `/v1` route requires `Authorization: Bearer <one of them>`
     (the command line passes `--api-key`, else `MINI_API_KEY`; build_app itself reads no environment).
     `options`: request-template trust, template bounds, body size limit (mini/entrypoints/openai/serve_options.py;
-    default: vLLM's defaults)."""
+    default: vLLM's defaults). `lora_modules` (`parse_lora_modules`): adapters served under their own names."""
     options = options or ServeOptions()
+    lora_modules = dict(lora_modules or {})
+    for lora in lora_modules.values():   # refused at start-up, as vLLM loads them then (the adapter named)
+        engine.engine.input_processor._validate_lora(lora)
     # one series per engine core with --data-parallel-size N (label engine="0", "1", ...), as vLLM's
     stat_logger = stat_logger or PrometheusStatLogger(served_model_name, **dp_stat_logger_args(engine))
     if stat_logger not in engine.stat_loggers:
         engine.stat_loggers.append(stat_logger)
     names = [served_model_name]
     renderer = PromptRenderer(engine.tokenizer, options)
-    completions = OpenAIServingCompletion(engine, names, renderer)
-    chat = OpenAIServingChat(engine, names, renderer)
+    completions = OpenAIServingCompletion(engine, names, renderer, lora_modules)
+    chat = OpenAIServingChat(engine, names, renderer, lora_modules)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
@@ -183,7 +186,9 @@ def build_app(engine: AsyncLLM, served_model_name: str, stat_logger: PrometheusS
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=served_model_name, root=served_model_name,
-                                         max_model_len=completions.max_model_len)])
+                                         max_model_len=completions.max_model_len)]
+                         + [ModelCard(id=name, root=lora.lora_path, parent=served_model_name,
+                                      max_model_len=completions.max_model_len) for name, lora in lora_modules.items()])
 
     @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def metrics() -> Response:
@@ -252,7 +257,24 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int | None = No
 SERVE_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
                      "num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization",
                      "enable_prefix_caching", "scheduling_policy", "enforce_eager", "device", "dtype", "seed",
-                     "speculative_config", "tensor_parallel_size", "data_parallel_size", "async_scheduling")
+                     "speculative_config", "tensor_parallel_size", "data_parallel_size", "async_scheduling",
+                     "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
+
+
+def parse_lora_modules(values: Sequence[str] | None) -> dict[str, Any]:
+    """`--lora-modules name=path ...` -> {name: LoRARequest(name, i, path)}, ids 1, 2, ... in order (vLLM's
+    `LoRAModulePath` list, vllm/entrypoints/common/cli_args.py; mini takes the `name=path` form only)."""
+    from mini.lora.request import LoRARequest
+
+    modules: dict[str, Any] = {}
+    for value in values or ():
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules takes name=path pairs, got {value!r}")
+        if name in modules:
+            raise ValueError(f"--lora-modules names {name!r} twice")
+        modules[name] = LoRARequest(name, len(modules) + 1, path)
+    return modules
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -266,6 +288,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              f"default: the environment variable {API_KEY_ENV}, else no key)")
     add_serve_options(parser)
     add_engine_arguments(parser, SERVE_ENGINE_ARGS)
+    parser.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                        help="LoRA adapters served as models of their own (needs --enable-lora): a request whose "
+                             "`model` is NAME runs with the PEFT adapter folder PATH")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -290,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         options = serve_options_from(args)
+        lora_modules = parse_lora_modules(args.lora_modules)
+        if lora_modules and not args.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
     except ValueError as error:
         parser.error(str(error))
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -305,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("stopping: signal %d during start-up", stop.received)
             return 128 + stop.received
         api_keys = api_keys_from(args.api_key)
-        app = build_app(engine, served_name(args), api_keys=api_keys, options=options)
+        app = build_app(engine, served_name(args), api_keys=api_keys, options=options, lora_modules=lora_modules)
         if api_keys:
             logger.info("/v1 routes require one of %d API key(s)", len(api_keys))
         logger.info("serving %s on http://%s:%d", served_name(args), args.host, args.port)

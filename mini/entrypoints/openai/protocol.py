@@ -79,6 +79,7 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "mini"
     root: str | None = None
+    parent: str | None = None        # a LoRA adapter's base model (vLLM's ModelCard.parent)
     max_model_len: int | None = None
 
 

@@ -96,7 +96,8 @@ class OpenAIServingChat(OpenAIServing):
         params = self.params_for_prompt(request, len(prompt["prompt_token_ids"]), "messages")
         request_id = random_id("chatcmpl")
         model_name = request.model or self.served_model_names[0]
-        [(first, rest)] = await self.start_streams([prompt], [params], request_id, request.priority)
+        [(first, rest)] = await self.start_streams([prompt], [params], request_id, request.priority,
+                                                  self.lora_request(request.model))
         stream = self.with_first(first, rest)
         top_n = request.top_logprobs or 0
         if request.stream:

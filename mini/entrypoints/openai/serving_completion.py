@@ -102,7 +102,8 @@ class OpenAIServingCompletion(OpenAIServing):
         params = [self.params_for_prompt(request, len(p["prompt_token_ids"]), "prompt") for p in prompts]
         request_id = random_id("cmpl")
         model_name = request.model or self.served_model_names[0]
-        started = await self.start_streams(prompts, params, request_id, request.priority)
+        started = await self.start_streams(prompts, params, request_id, request.priority,
+                                           self.lora_request(request.model))
         streams = [self.with_first(first, rest) for first, rest in started]
         if request.stream:
             return self._stream(request, streams, request_id, model_name, request.n)

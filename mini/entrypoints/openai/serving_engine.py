@@ -90,15 +90,19 @@ async def merge_async_iterators(*iterators: AsyncIterator[Any]) -> AsyncGenerato
 class OpenAIServing:
     """The engine, the names it is served under, and the helpers every handler uses."""
 
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str], renderer: PromptRenderer | None = None) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str], renderer: PromptRenderer | None = None,
+                 lora_modules: dict[str, Any] | None = None) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
+        # --lora-modules: adapter name -> LoRARequest; a request naming one as its `model` runs with it
+        # (vLLM: vllm/entrypoints/openai/models/serving.py `OpenAIServingModels`).
+        self.lora_modules = dict(lora_modules or {})
         self.max_model_len = int(engine.config.max_model_len)
         self.renderer = renderer if renderer is not None else PromptRenderer(engine.tokenizer, ServeOptions())
 
     def check_model(self, model: str | None) -> None:
         """404 for a model this server does not serve (None: the default one, as vLLM allows)."""
-        if model is not None and model not in self.served_model_names:
+        if model is not None and model not in self.served_model_names and model not in self.lora_modules:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
 
     @staticmethod
@@ -125,10 +129,16 @@ class OpenAIServing:
             raise OpenAIError("this server was started without a tokenizer: text prompts and chat are unavailable")
         return tokenizer
 
+    def lora_request(self, model: str | None) -> Any:
+        """The LoRARequest of the adapter named as the request's `model`, or None (the base model)."""
+        return self.lora_modules.get(model) if model is not None else None
+
     async def start_streams(self, prompts: list[Any], params: list[SamplingParams], request_id: str,
-                            priority: int) -> list[tuple[RequestOutput, AsyncGenerator[RequestOutput, None]]]:
+                            priority: int, lora_request: Any = None
+                            ) -> list[tuple[RequestOutput, AsyncGenerator[RequestOutput, None]]]:
         """Start one engine request per prompt (with its own params); -> (first output, rest of the stream)."""
-        streams = [self.engine.generate(prompt, prompt_params, f"{request_id}-{i}", priority=priority)
+        streams = [self.engine.generate(prompt, prompt_params, f"{request_id}-{i}", priority=priority,
+                                        lora_request=lora_request)
                    for i, (prompt, prompt_params) in enumerate(zip(prompts, params, strict=True))]
         tasks = [asyncio.ensure_future(anext(stream)) for stream in streams]
         try:
