@@ -41,6 +41,8 @@ MINI_OWN = {
     "EngineConfig.device": "vLLM takes the device from its platform (CUDA, ROCm, CPU builds); mini runs on the "
                            "CPU by default and takes the device as an argument",
     "serve.device": "as EngineConfig.device",
+    "EngineConfig.parts": "the course's replaced parts (mini/roles.py), set by labs.plug; no engine argument or flag "
+                          "(metadata engine_arg=False), as vLLM's `scheduler_cls` names a class in a config",
     "serve.chat_template_fuel": "vLLM's environment variable VLLM_CHAT_TEMPLATE_FUEL (same default), a flag in mini",
     "serve.chat_template_render_timeout": "vLLM's environment variable VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT (same "
                                           "default), a flag in mini",
