@@ -46,7 +46,8 @@ class Worker:
     def load_model(self) -> None:
         """Load the weights and fix `max_model_len` from the checkpoint's config when it was not given."""
         self.model, self.hf_config = load_model(str(self.config.model_dir), self.config.device,
-                                                self.config.torch_dtype, choices=self.choices)
+                                                self.config.torch_dtype, choices=self.choices,
+                                                quantization=self.config.quantization)
         self.config = dataclasses.replace(self.config,
                                           max_model_len=resolve_max_model_len(self.config, self.hf_config))
 
