@@ -112,12 +112,13 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
 
     A parameter of a parallel layer (one with a `weight_loader`) gets the full tensor through it: the layer
     checks the shape and keeps this rank's shard. The others are copied whole (replicated on every rank). A
-    parameter with its own `weight_loader` (a quantization method's packed tensor) is loaded by that one."""
+    packed tensor of a quantization method is loaded by the layer's `param_weight_loaders[name]`."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    loaders = {f"{prefix}.{name}" if prefix else name: getattr(param, "weight_loader", module.weight_loader)
+    loaders = {f"{prefix}.{name}" if prefix else name:
+               getattr(module, "param_weight_loaders", {}).get(name, module.weight_loader)
                for prefix, module in model.named_modules(remove_duplicate=False)
                if callable(getattr(module, "weight_loader", None))
-               for name, param in module.named_parameters(recurse=False, remove_duplicate=False)}
+               for name, _ in module.named_parameters(recurse=False, remove_duplicate=False)}
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in weights:

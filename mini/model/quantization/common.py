@@ -41,7 +41,11 @@ def exact_loader(name: str):
 
 def register_packed(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype,
                     device: torch.device) -> None:
-    """Add an empty checkpoint tensor `name` to `layer`, filled at load by an exact-shape loader."""
-    param = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-    param.weight_loader = exact_loader(name)
-    layer.register_parameter(name, param)
+    """Add an empty checkpoint tensor `name` to `layer`, filled at load by an exact-shape loader.
+
+    The loader is kept on the layer (`layer.param_weight_loaders[name]`, read by mini/model/loader.py), not on the
+    parameter as vLLM does: `Module.to_empty` makes new parameter objects, which would drop the attribute."""
+    layer.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False))
+    if "param_weight_loaders" not in layer.__dict__:
+        layer.param_weight_loaders = {}
+    layer.param_weight_loaders[name] = exact_loader(name)
