@@ -30,6 +30,7 @@ BENCHMARKS = {
     "compile": "mini.bench.compile",
     "distributed": "mini.bench.distributed",
     "async_scheduling": "mini.bench.async_scheduling",
+    "ppl": "mini.bench.ppl",
 }
 
 
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
                    help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|"
-                        "compile|distributed|async_scheduling] [--help | options]` (engine by default)")
+                        "compile|distributed|async_scheduling|ppl] [--help | options]` (engine by default)")
     return parser
 
 
