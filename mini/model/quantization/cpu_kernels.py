@@ -29,11 +29,13 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scales: torch.Tensor
     return out if bias is None else out + bias
 
 
-def pack_int4_for_cpu(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q int32 `[N, K]`, scales `[N, K/g]`, zero points `[N, K/g]`) -> (packed weight, scales_and_zeros)."""
+def pack_int4_for_cpu(q: torch.Tensor, scales: torch.Tensor,
+                      offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int32 `[N, K]`, scales `[N, K/g]`, offsets `[N, K/g]`) -> (packed weight, scales_and_zeros), for
+    `w = q * scale + offset` (an integer zero point z: offset = -z * scale; a Q4_1 minimum: offset = min)."""
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
     s = scales.float()
-    offsets = (8.0 - zeros.float()) * s
+    offsets = offsets.float() + 8.0 * s   # the kernel computes (q - 8) * scale + zero
     scales_and_zeros = torch.stack([s.t(), offsets.t()], dim=-1).to(KERNEL_DTYPE).contiguous()
     return packed, scales_and_zeros
 

@@ -7,8 +7,9 @@ quant_utils.py), each loaded by an exact-shape `weight_loader`; `process_weights
 repacks into PyTorch's CPU int4 layout (cpu_kernels.py); `apply` is `_weight_int4pack_mm_for_cpu`.
 
 Where mini differs: vLLM serves GPTQ only from a GPTQ checkpoint. mini also accepts `quantization="gptq"` on a
-float checkpoint: the float weights are loaded, then rounded to nearest into the same 4-bit groups (group size
-32, asymmetric, as llama.cpp's Q4_1) and the LM head gets a quantized copy (vLLM: online/lm_head.py); this is
+float checkpoint: the float weights are loaded, then rounded to nearest into 4-bit groups of 32 with a float
+minimum, as llama.cpp's Q4_1 blocks (`quantize_int4_groups_min`; exact on weights that came from Q4_1) and the LM
+head gets a quantized copy (vLLM: online/lm_head.py); this is
 what `python -m mini bench ppl` and the llama.cpp comparison measure. No act-order (`desc_act`), 4 bits only,
 CPU only (`python -m mini bench gpu` runs the Triton dequant-matmul of triton_int4.py on CUDA).
 """
@@ -23,7 +24,7 @@ from torch import nn
 from mini.model.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from mini.model.quantization.common import drop_float_weight, is_lm_head, register_packed, weight_shape
 from mini.model.quantization.cpu_kernels import INT4_GROUP_SIZES, INT4_N_MULTIPLE, int4_linear, pack_int4_for_cpu
-from mini.model.quantization.quant_utils import PACK_FACTOR, quantize_int4_groups, unpack_gptq
+from mini.model.quantization.quant_utils import PACK_FACTOR, quantize_int4_groups_min, unpack_gptq
 
 ONLINE_GROUP_SIZE = 32
 
@@ -97,12 +98,13 @@ class GPTQLinearMethod(QuantizeMethodBase):
             if not torch.equal(layer.g_idx.to(torch.int32), expected):
                 raise ValueError("gptq g_idx is not input // group_size (an act-order checkpoint): not supported")
             q, scales, zeros = unpack_gptq(layer.qweight.data, layer.qzeros.data, layer.scales.data, group)
+            offsets = -zeros.float() * scales
             for name in ("qweight", "qzeros", "scales", "g_idx"):
                 delattr(layer, name)
         else:
-            q, scales, zeros = quantize_int4_groups(layer.weight.data, group)
+            q, scales, offsets = quantize_int4_groups_min(layer.weight.data, group)
             drop_float_weight(layer)
-        packed, scales_and_zeros = pack_int4_for_cpu(q, scales, zeros)
+        packed, scales_and_zeros = pack_int4_for_cpu(q, scales, offsets)
         layer.register_buffer("int4_weight", packed, persistent=False)
         layer.register_buffer("int4_scales_and_zeros", scales_and_zeros, persistent=False)
         layer.quant_out_features = q.shape[0]

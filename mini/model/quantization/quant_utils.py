@@ -2,9 +2,11 @@
 
 Layouts, for a float weight `W` of shape `[out, in]` (N = out, K = in):
 - int8 per output channel: `q = round(W / s)` in [-127, 127], `s = max|W[n, :]| / 127` for each row n.
-- 4-bit groups (GPTQ / AWQ / llama.cpp Q4): each run of `group_size` inputs of a row shares a scale and a zero;
+- 4-bit groups (GPTQ / AWQ): each run of `group_size` inputs of a row shares a scale and an integer zero point;
   `q = clamp(round(W / s) + z, 0, 15)`, `W ~ (q - z) * s`. Round-to-nearest from the group's min and max
   (GPTQ's own algorithm also corrects the rounding error with second-order information; mini does not).
+- 4-bit groups with a float minimum (llama.cpp's Q4_1 blocks): `s = (max - min) / 15`, `W ~ q * s + min`; what the
+  online `gptq` path uses, since the minimum need not sit on the integer grid (exact on Q4_1-born weights).
 - GPTQ checkpoint packing (AutoGPTQ's "v1" format, which vllm/model_executor/layers/quantization/auto_gptq.py
   reads): `qweight` int32 `[K / 8, N]`, eight 4-bit values of consecutive inputs per int32, input `8i + j` in
   bits `4j..4j+3`; `qzeros` int32 `[K / g, N / 8]` packed the same way along the outputs, holding `zero - 1`;
@@ -37,6 +39,16 @@ def quantize_int4_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.T
     zeros = torch.round(-low / scales).clamp(0, 15)
     q = torch.round(w / scales[..., None] + zeros[..., None]).clamp(0, 15)
     return q.reshape(n, k).to(torch.int32), scales, zeros.to(torch.int32)
+
+
+def quantize_int4_groups_min(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`[N, K]` float -> (q int32 `[N, K]` in 0..15, scales `[N, K/g]`, minimums `[N, K/g]`): `W ~ q * s + min`."""
+    n, k = weight.shape
+    w = weight.float().reshape(n, k // group_size, group_size)
+    low, high = w.amin(dim=-1), w.amax(dim=-1)
+    scales = ((high - low) / 15.0).clamp(min=1e-12)
+    q = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15)
+    return q.reshape(n, k).to(torch.int32), scales, low
 
 
 def dequantize_int4_groups(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
