@@ -30,6 +30,7 @@ from mini.compilation import (
     parse_compilation_mode,
 )
 from mini.core.sched.request_queue import SchedulingPolicy
+from mini.model.quantization import QUANTIZATION_METHODS, check_quantization_args
 from mini.model.registry import SHIPPED_MODEL_DIR, resolve_model_dir
 from mini.spec_decode.config import SpeculativeConfig
 
@@ -96,6 +97,9 @@ class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "'cpu' or 'cuda[:N]'"})
     dtype: str = field(default="float32", metadata={"help": "weights and activations", "choices": tuple(DTYPES)})
     seed: int = field(default=0, metadata={"help": "the engine's random seed"})
+    # Quantized weights (mini/model/quantization/, vLLM's names); a checkpoint's quantization_config is read too.
+    quantization: str | None = field(default=None, metadata={
+        "help": "weight quantization scheme (default: the checkpoint's, else none)", "choices": QUANTIZATION_METHODS})
     # Tensor parallelism (mini/executor/multiproc_executor.py, mini/model/parallel_linear.py): one worker process
     # per rank, gloo on the CPU, NCCL on CUDA (rank r on cuda:r). The heads must divide: checked at start-up.
     tensor_parallel_size: int = field(default=1, metadata={
@@ -195,6 +199,7 @@ class EngineConfig:
                              "in mini (its collectives are not traceable); use compilation_config=0")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        check_quantization_args(self.quantization, self.device, self.tensor_parallel_size)
         if not isinstance(self.seed, int):
             raise TypeError(f"seed must be an int, got {type(self.seed).__name__}")
         if self.device != "cpu" and not str(self.device).startswith("cuda"):

@@ -48,6 +48,7 @@ from mini.bench.workload import (
     spread,
 )
 from mini.config import ATTENTION_BACKENDS
+from mini.model.quantization import QUANTIZATION_METHODS
 
 
 def replay_model_only(llm, recorded: list) -> float:
@@ -116,9 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peer", default="transformers", choices=("transformers", "llamacpp"),
                         help="what mini is compared with: transformers generate() (default) or llama.cpp through "
                              "llama-cpp-python on the model's GGUF file (pip install -e '.[llamacpp]')")
-    parser.add_argument("--llamacpp-weights", default="f32", choices=("f32", "gguf"),
-                        help="with --peer llamacpp: f32 (default) runs llama.cpp on a float32 copy of the GGUF "
-                             "file, the values mini computes with, at mini's precision; gguf runs the file as "
+    parser.add_argument("--llamacpp-weights", default="match", choices=("match", "f32", "bf16", "q8_0", "q4_0", "gguf"),
+                        help="with --peer llamacpp: match (default) runs llama.cpp on a copy of the GGUF file whose "
+                             "matrices are in the type matching mini's (f32 for float32, bf16 for bfloat16, q8_0 for "
+                             "int8, q4_0 for gptq), made from the values mini computes with; gguf runs the file as "
                              "shipped (Q4_1 for SmolLM2)")
     parser.add_argument("--llamacpp-batching", default="batched", choices=("batched", "sequential"),
                         help="with --peer llamacpp: batched (default) decodes all requests in one llama.cpp batch, "
@@ -126,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="default float32 on cpu, bfloat16 on cuda (both systems)")
+    parser.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
+                        help="mini's weight quantization (mini/model/quantization/; default: none)")
     parser.add_argument("--enforce-eager", action="store_true", help="mini without CUDA graphs")
     parser.add_argument("-O", "--compilation-config", type=int, default=None, choices=(0, 3),
                         help="mini's compilation mode (mini/compilation.py; default: the engine's, 0 = eager)")
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda needs a CUDA GPU and a CUDA build of torch", file=sys.stderr)
         return 2
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    args.dtype = dtype
     if args.peer == "llamacpp":
         return llamacpp.compare(args)
     from transformers import AutoModelForCausalLM
@@ -152,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine_args = {"model": args.model, "max_num_seqs": args.max_num_seqs, "device": args.device, "dtype": dtype,
                    "max_num_batched_tokens": args.max_num_batched_tokens, "seed": args.seed,
-                   "enforce_eager": args.enforce_eager, "compilation_config": args.compilation_config}
+                   "enforce_eager": args.enforce_eager, "compilation_config": args.compilation_config,
+                   "quantization": args.quantization}
     llm = LLM(attention_backend=args.attention_backend, **engine_args)
     baseline = None
     if args.baseline_attention_backend is not None:
@@ -164,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                              args.seed)
     print(machine_line(torch.get_num_threads(), args.device))
     print(f"workload: {args.num_prompts} prompts, {workload.num_prompt_tokens} prompt tokens, "
-          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); {args.device} {dtype}; "
+          f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); {args.device} {dtype}, "
+          f"mini's quantization={args.quantization}; "
           f"{args.rounds} alternating rounds")
 
     run_mini(llm, Workload(workload.prompts[:4], [4] * 4))  # warm-up, every system

@@ -52,6 +52,7 @@ GPU_TESTS = [
     "tests/worker/test_cuda_graph.py",             # capture + replay == eager, compiled too (4 tests only with CUDA)
     "tests/engine/test_compile.py",                # torch.compile: one trace, token-identical
     "tests/attention/test_triton_compile.py",      # Triton's real compiler for the H100 target
+    "tests/model/quantization/test_triton_quant.py",  # int4 (GPTQ layout) / int8 dequant-matmul vs the reference
 ]
 # (name, [(new query tokens, context length incl. them) per request]): engine-step shapes on a GPU.
 GPU_MIXES = [

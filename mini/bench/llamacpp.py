@@ -5,8 +5,11 @@ llama.cpp (through `llama-cpp-python`, an optional extra built from its source p
 small model would pick. Both systems run the same weights. SmolLM2 ships only as a Q4_1 GGUF file: 4-bit blocks,
 each with a scale and a minimum. mini dequantizes that file once into float32 (mini/model/gguf_loader.py) and
 computes in float32. llama.cpp can run two versions of it:
-- `--llamacpp-weights f32` (default): a float32 copy of the file whose tensors are exactly the values mini computes
+- `--llamacpp-weights f32`: a float32 copy of the file whose tensors are exactly the values mini computes
   with (mini/bench/gguf_float32.py). Same weights, same precision: the comparison is of the two programs.
+- `bf16`, `q8_0`, `q4_0`: the same copy with its matrices in that llama.cpp type, made from those float32 values:
+  the peers of mini's `--dtype bfloat16`, `--quantization int8_per_channel_weight_only` and `--quantization gptq`
+  (4-bit groups of 32, as Q4_0's blocks). `match` (default) picks the one matching mini's precision.
 - `--llamacpp-weights gguf`: the file as shipped. llama.cpp multiplies the 4-bit blocks as stored, with activations
   quantized to 8 bits, so it reads 8x fewer bytes per weight than mini does.
 
@@ -52,6 +55,16 @@ def gguf_file_for(model: str | None) -> str:
     return str(path)
 
 
+def matching_llamacpp_weights(args: argparse.Namespace) -> str:
+    """The llama.cpp type of the same precision as mini's run: q4_0, q8_0, bf16 or f32."""
+    quantization = getattr(args, "quantization", None)
+    if quantization == "gptq":
+        return "q4_0"
+    if quantization == "int8_per_channel_weight_only":
+        return "q8_0"
+    return "bf16" if args.dtype == "bfloat16" else "f32"
+
+
 def run_llamacpp(llama, workload: Workload) -> tuple[float, list[list[int]]]:
     """Greedy generation of each request in turn, exactly `output_len` tokens (EOS ignored)."""
     outputs: list[list[int]] = []
@@ -78,14 +91,16 @@ def compare(args: argparse.Namespace) -> int:
         print(f"error: {INSTALL_HINT}")
         return 2
     from mini import LLM
-    from mini.bench.gguf_float32 import float32_gguf
+    from mini.bench.gguf_float32 import requantized_gguf
     from mini.bench.llamacpp_batch import BatchedLlamaCpp
 
     gguf_path = gguf_file_for(args.model)
-    llama_path = str(float32_gguf(gguf_path)) if args.llamacpp_weights == "f32" else gguf_path
+    kind = matching_llamacpp_weights(args) if args.llamacpp_weights == "match" else args.llamacpp_weights
+    llama_path = gguf_path if kind == "gguf" else str(requantized_gguf(gguf_path, kind))
     threads = torch.get_num_threads()
     llm = LLM(model=args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              seed=args.seed, attention_backend=args.attention_backend)
+              seed=args.seed, attention_backend=args.attention_backend, dtype=args.dtype or "float32",
+              quantization=getattr(args, "quantization", None))
     workload = make_workload(llm.get_tokenizer(), args.num_prompts, tuple(args.prompt_len),
                              tuple(args.output_len), args.seed)
     longest = max(args.prompt_len) + max(args.output_len) + 8
@@ -97,12 +112,13 @@ def compare(args: argparse.Namespace) -> int:
         return batched.generate(work) if batched is not None else run_llamacpp(llama, work)
 
     first_prompts = Workload(workload.prompts[:4], [1] * 4)
-    weights = ("a float32 copy of it, the values mini computes with" if args.llamacpp_weights == "f32"
-               else "as stored (Q4_1 blocks for SmolLM2, 8-bit activations)")
+    weights = ("as stored (Q4_1 blocks for SmolLM2, 8-bit activations)" if kind == "gguf" else
+               f"a copy of it with {kind} matrices, made from the float32 values mini starts from")
     print(machine_line(threads, "cpu"))
     print(f"workload: {args.num_prompts} prompts, {workload.num_prompt_tokens} prompt tokens, "
           f"{workload.num_output_tokens} output tokens (greedy, ignore_eos); weights: {gguf_path}; llama.cpp runs "
-          f"{weights}, {args.llamacpp_batching}; mini computes in float32, continuous batching")
+          f"{weights}, {args.llamacpp_batching}; mini computes in {args.dtype or 'float32'} with quantization="
+          f"{getattr(args, 'quantization', None)}, continuous batching")
     generate_greedy(llm, Workload(workload.prompts[:2], [4, 4]))        # warm-up, both
     run_peer(Workload(workload.prompts[:2], [4, 4]))
     times: dict[str, list[float]] = {"mini": [], "llamacpp": [], "mini_ttft": [], "llamacpp_ttft": []}

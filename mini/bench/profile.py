@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--quantization", default=None, help="as LLM(quantization=...) (mini/model/quantization/)")
     parser.add_argument("--top-ops", type=int, default=12, help="also list this many single ops (0: none)")
     return parser
 
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_prompts is None:
         args.num_prompts = (SHIPPED_MODEL_SIZE if args.model is None else REAL_MODEL_SIZE)["num_prompts"]
     llm = LLM(model=args.model, attention_backend=args.attention_backend, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, dtype=args.dtype,
+              quantization=args.quantization)
     workload = make_workload(llm.get_tokenizer(), args.num_prompts, tuple(args.prompt_len),
                              tuple(args.output_len), args.seed)
     run_mini(llm, Workload(workload.prompts[:4], [4] * 4))  # warm-up

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from mini import roles
 from mini.attention import build_attention_backend
 from mini.model.llama import LlamaForCausalLM
+from mini.model.quantization import attach_quant_methods, process_weights_after_loading, resolve_quant_config
 
 DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHARD_INDEX_FILE = "model.safetensors.index.json"
@@ -39,11 +40,14 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     attention_backend: str = "torch",
     config: Any = None,
+    quantization: str | None = None,
 ) -> tuple[LlamaForCausalLM, Any]:
     """Build the model described by `model_dir/config.json` and fill it from its safetensors files.
 
     `config`: the engine's EngineConfig, whose `parts` pick the model's and the backend's classes (None: none).
-    """
+    `quantization` (or the checkpoint's `quantization_config`) picks a scheme of mini/model/quantization/: its
+    methods are attached to the meta-device model, checking every layer's shape before any weight is read, and
+    pack the weights once they are loaded (vLLM: `process_weights_after_loading`)."""
     folder = Path(model_dir)
     torch_dtype = resolve_dtype(dtype)
     if not folder.is_dir():
@@ -51,17 +55,18 @@ def load_model(
     if not (folder / "config.json").is_file():
         raise ValueError(f"model_dir {str(folder)!r} has no config.json (need a Hugging Face model folder)")
     hf_config = read_hf_config(folder)
-    if getattr(hf_config, "quantization_config", None):
-        raise ValueError("quantized checkpoints are not supported (config.json has quantization_config)")
+    quant_config = resolve_quant_config(quantization, hf_config)
     weight_files = find_safetensors_files(folder)
 
     backend = build_attention_backend(attention_backend, config)
     with torch.device("meta"):  # no time spent on random init: every tensor comes from the checkpoint
         model = roles.resolve(config, LlamaForCausalLM)(hf_config, attention_backend=backend)
+        attach_quant_methods(model, quant_config)
     model.to(torch_dtype)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own storage; share the tied weight again
     load_weights(model, iterate_checkpoint(weight_files))
+    process_weights_after_loading(model)
     return model.eval(), hf_config
 
 
@@ -107,9 +112,11 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
     """Copy each checkpoint tensor into the parameter with the same name; check nothing is left out.
 
     A parameter of a parallel layer (one with a `weight_loader`) gets the full tensor through it: the layer
-    checks the shape and keeps this rank's shard. The others are copied whole (replicated on every rank)."""
+    checks the shape and keeps this rank's shard. The others are copied whole (replicated on every rank). A
+    packed tensor of a quantization method is loaded by the layer's `param_weight_loaders[name]`."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    loaders = {f"{prefix}.{name}" if prefix else name: module.weight_loader
+    loaders = {f"{prefix}.{name}" if prefix else name:
+               getattr(module, "param_weight_loaders", {}).get(name, module.weight_loader)
                for prefix, module in model.named_modules(remove_duplicate=False)
                if callable(getattr(module, "weight_loader", None))
                for name, _ in module.named_parameters(recurse=False, remove_duplicate=False)}

@@ -21,8 +21,12 @@ is the same whatever the number of ranks (mini/model/loader.py calls it).
 Where mini differs: mini's Llama keeps the Hugging Face layout (separate `q_proj`, `k_proj`, `v_proj`,
 `gate_proj`, `up_proj`, loaded name for name and greedy-identical to transformers), so the model uses
 `ColumnParallelLinear` for each of them; the fused `QKVParallelLinear` / `MergedColumnParallelLinear` are
-here as vLLM has them, tested, for the course. No quantization methods, no input splitting
-(`input_is_parallel` is always true), no `skip_bias_add`.
+here as vLLM has them, tested, for the course. No input splitting (`input_is_parallel` is always true), no
+`skip_bias_add`.
+
+Quantization (as vLLM's `LinearMethodBase`): every layer multiplies through `self.quant_method.apply(self, x,
+bias)`. `UnquantizedLinearMethod` is `F.linear` on the float `weight`; a scheme of mini/model/quantization/ swaps
+in its own method, which holds packed weights instead (`attach_quant_methods`, with one rank only).
 
 With one rank each layer IS an `nn.Linear` of the full size and runs `nn.Linear.forward`: no collective,
 no extra copy.
@@ -44,6 +48,21 @@ from mini.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
+from mini.model.quantization.base_config import QuantizeMethodBase
+
+
+class LinearMethodBase(QuantizeMethodBase):
+    """A linear layer's method: `apply(layer, x, bias)` is its `x W^T + b` (vLLM: linear.py's LinearMethodBase)."""
+
+
+class UnquantizedLinearMethod(LinearMethodBase):
+    """The float weight the layer was built with, multiplied by `F.linear`."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+UNQUANTIZED = UnquantizedLinearMethod()
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -115,8 +134,10 @@ class ColumnParallelLinear(nn.Linear):
         self.gather_output = bool(gather_output)
         super().__init__(self.input_size, self.output_size_per_partition, bias=bias, device=device, dtype=dtype)
 
+    quant_method: QuantizeMethodBase = UNQUANTIZED
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        output = F.linear(x, self.weight, self.bias)
+        output = self.quant_method.apply(self, x, self.bias)
         if self.gather_output and self.tp_size > 1:
             output = tensor_model_parallel_all_gather(output, dim=-1)
         return output
@@ -146,10 +167,12 @@ class RowParallelLinear(nn.Linear):
         self.reduce_results = bool(reduce_results)
         super().__init__(self.input_size_per_partition, self.output_size, bias=bias, device=device, dtype=dtype)
 
+    quant_method: QuantizeMethodBase = UNQUANTIZED
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        output = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+            return self.quant_method.apply(self, x, self.bias)
+        output = self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None)
         return tensor_model_parallel_all_reduce(output) if self.reduce_results else output
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -222,5 +245,5 @@ class QKVParallelLinear(ColumnParallelLinear):
         _load_rows(param.data.narrow(0, offset, size), loaded_weight, shard_rank, dim=0)
 
 
-__all__ = ["ColumnParallelLinear", "KVHeadPartition", "MergedColumnParallelLinear", "QKVParallelLinear",
-           "RowParallelLinear", "divide", "kv_head_partition"]
+__all__ = ["ColumnParallelLinear", "KVHeadPartition", "LinearMethodBase", "MergedColumnParallelLinear",
+           "QKVParallelLinear", "RowParallelLinear", "UnquantizedLinearMethod", "divide", "kv_head_partition"]

@@ -31,7 +31,8 @@ from mini.distributed.communication_op import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from mini.model.parallel_linear import resolve_tp_rank_and_size
+from mini.model.parallel_linear import UNQUANTIZED, resolve_tp_rank_and_size
+from mini.model.quantization.base_config import QuantizeMethodBase
 
 
 def vocab_range(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -88,8 +89,10 @@ class ParallelLMHead(VocabParallelEmbedding):
             raise ValueError("bias must be False: mini's LM head has no bias")
         super().__init__(num_embeddings, embedding_dim, **kwargs)
 
+    quant_method: QuantizeMethodBase = UNQUANTIZED   # a scheme may give the head a packed copy of the matrix
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        logits = F.linear(hidden, self.weight)
+        logits = self.quant_method.apply(self, hidden)
         if self.tp_size == 1:
             return logits
         return tensor_model_parallel_all_gather(logits, dim=-1)[..., :self.org_vocab_size]

@@ -45,7 +45,8 @@ class Worker:
     def load_model(self) -> None:
         """Load the weights and fix `max_model_len` from the checkpoint's config when it was not given."""
         self.model, self.hf_config = load_model(str(self.config.model_dir), self.config.device,
-                                                self.config.torch_dtype, config=self.config)
+                                                self.config.torch_dtype, config=self.config,
+                                                quantization=self.config.quantization)
         self.config = dataclasses.replace(self.config,
                                           max_model_len=resolve_max_model_len(self.config, self.hf_config))
 

@@ -122,3 +122,34 @@ def test_the_batched_runner_gives_llama_cpp_python_s_own_greedy_tokens():
         batched.close()
     assert [len(out) for out in together] == work.output_lens
     assert together == sequential == again
+
+
+@pytest.mark.parametrize("kind", ["bf16", "q8_0", "q4_0"])
+def test_the_requantized_copies_hold_matrices_of_that_type(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("MINI_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "small.Q4_1.gguf"
+    write_small_quantized_gguf(source)
+    copy = gguf_float32.requantized_gguf(source, kind)
+    assert copy.name.endswith(f".{kind.upper()}.gguf")
+    original = {t.name: t for t in gguf.GGUFReader(source).tensors}
+    wanted = gguf.GGMLQuantizationType[kind.upper()]
+    # A 4-bit block of 32 is off by at most half a step: (max - min) / 15 / 2 of the block; 8-bit and bf16 far less.
+    tolerance = {"bf16": 0.02, "q8_0": 0.03, "q4_0": 0.5}[kind]
+    for tensor in gguf.GGUFReader(copy).tensors:
+        before = dequantize(original[tensor.name].data, original[tensor.name].tensor_type)
+        after = dequantize(tensor.data, tensor.tensor_type)
+        is_matrix = len(tensor.shape) == 2
+        assert tensor.tensor_type == (wanted if is_matrix else gguf.GGMLQuantizationType.F32)
+        assert np.abs(after - before).max() <= tolerance * np.abs(before).max()
+    with pytest.raises(ValueError, match="kind must be one of"):
+        gguf_float32.requantized_gguf(source, "q4_k")
+
+
+def test_matching_weights_follow_minis_precision():
+    def args(dtype, quantization):
+        return argparse.Namespace(dtype=dtype, quantization=quantization)
+
+    assert llamacpp.matching_llamacpp_weights(args("float32", None)) == "f32"
+    assert llamacpp.matching_llamacpp_weights(args("bfloat16", None)) == "bf16"
+    assert llamacpp.matching_llamacpp_weights(args("bfloat16", "int8_per_channel_weight_only")) == "q8_0"
+    assert llamacpp.matching_llamacpp_weights(args("bfloat16", "gptq")) == "q4_0"

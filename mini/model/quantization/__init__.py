@@ -1,0 +1,98 @@
+"""Quantized weights: the schemes, by vLLM's names (mirrors vllm/model_executor/layers/quantization/__init__.py).
+
+    quantization=                  weights                                  CPU kernel (cpu_kernels.py)
+    int8_per_channel_weight_only   int8, a scale per output row (online)    _weight_int8pack_mm, bf16 activations
+    gptq                           4-bit, groups of 32..256 inputs          _weight_int4pack_mm_for_cpu, bf16 acts
+
+A scheme comes from `LLM(quantization=...)` / `--quantization` or from the checkpoint's `quantization_config`
+(`resolve_quant_config`). The model is built on the meta device, then `attach_quant_methods` gives every linear
+layer (and the LM head where the scheme covers it) its `quant_method`, checking each layer's shape first, so a
+shape the packing cannot hold is refused before any weight is read; after loading,
+`process_weights_after_loading` packs the weights for the kernel. The layers call `quant_method.apply`
+(mini/model/parallel_linear.py, vocab_parallel_embedding.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from mini.model.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+
+QUANTIZATION_METHODS: tuple[str, ...] = ("gptq", "int8_per_channel_weight_only")
+
+
+def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
+    """The config class of a scheme name (imported lazily, as vLLM's)."""
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got {quantization!r}")
+    from mini.model.quantization.gptq import GPTQConfig
+    from mini.model.quantization.int8 import Int8PerChannelWeightOnlyConfig
+
+    return {"gptq": GPTQConfig, "int8_per_channel_weight_only": Int8PerChannelWeightOnlyConfig}[quantization]
+
+
+def check_quantization_args(quantization: str | None, device: str, tensor_parallel_size: int) -> None:
+    """The engine-argument checks (mini/config.py), before anything loads."""
+    if quantization is None:
+        return
+    config_class = get_quantization_config(quantization)
+    device_type = str(device).split(":")[0]
+    if device_type not in config_class.supported_devices():
+        raise ValueError(f"quantization={quantization!r} runs on {config_class.supported_devices()} in mini, "
+                         f"not device={device!r}")
+    if tensor_parallel_size != 1:
+        raise ValueError(f"quantization={quantization!r} needs tensor_parallel_size=1 in mini (the packed "
+                         f"layouts are not sharded), got {tensor_parallel_size}")
+
+
+def resolve_quant_config(quantization: str | None, hf_config: Any) -> QuantizationConfig | None:
+    """The scheme of a checkpoint (its `quantization_config`) or of `quantization=`; they must agree."""
+    checkpoint = getattr(hf_config, "quantization_config", None)
+    if checkpoint:
+        checkpoint = checkpoint if isinstance(checkpoint, dict) else checkpoint.to_dict()
+        method = str(checkpoint.get("quant_method", "")).lower()
+        if method not in QUANTIZATION_METHODS:
+            raise ValueError(f"the checkpoint's quantization_config quant_method must be one of "
+                             f"{QUANTIZATION_METHODS} in mini, got {method!r}")
+        if quantization is not None and quantization != method:
+            raise ValueError(f"quantization={quantization!r} does not match the checkpoint's quant_method "
+                             f"{method!r}")
+        return get_quantization_config(method).from_config(checkpoint)
+    if quantization is None:
+        return None
+    return get_quantization_config(quantization).from_config({})
+
+
+def attach_quant_methods(model: nn.Module, quant_config: QuantizationConfig | None) -> None:
+    """Give every linear layer (and the LM head) its method, after checking its shape fits the scheme."""
+    if quant_config is None:
+        return
+    from mini.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
+    from mini.model.vocab_parallel_embedding import ParallelLMHead
+
+    layers = [(prefix, module) for prefix, module in model.named_modules()
+              if isinstance(module, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
+    methods = []
+    for prefix, layer in layers:
+        method = quant_config.get_quant_method(layer, prefix)
+        if method is not None:
+            quant_config.check_layer(layer, prefix)
+            methods.append((layer, method))
+    for layer, method in methods:
+        layer.quant_method = method
+        method.create_weights(layer)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let every layer's method pack what was loaded (vLLM: the loop at the end of its model loaders)."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+
+
+__all__ = ["QUANTIZATION_METHODS", "QuantizationConfig", "QuantizeMethodBase", "attach_quant_methods",
+           "check_quantization_args", "get_quantization_config", "process_weights_after_loading",
+           "resolve_quant_config"]
