@@ -197,7 +197,40 @@ class _InprocView:
         return SchedulerStats.from_scheduler(self.engine_core.scheduler)
 
 
-class AsyncInprocClient(EngineCoreClient):
+class AsyncOutputQueueMixin:
+    """The asyncio surface both asyncio clients share (`AsyncInprocClient`, `AsyncMPClient`): requests in, and each
+    step's outputs out of an `asyncio.Queue` that the client's producer (the engine thread, or the socket reader)
+    fills on the caller's loop, bound by `_ensure_started` on first use. An exception in the queue (the core died)
+    stays there, so every later reader sees it too."""
+
+    _outputs_queue: asyncio.Queue | None
+    failed_requests: dict[str, str]
+    latest_scheduler_stats: SchedulerStats | None
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        self._ensure_started()
+        self.add_request(request)
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self._ensure_started()
+        self.abort_requests(list(request_ids))
+
+    async def outputs_async(self) -> EngineCoreOutputs:
+        self._ensure_started()
+        item = await self._outputs_queue.get()
+        if isinstance(item, BaseException):
+            self._outputs_queue.put_nowait(item)
+            raise item
+        if item.scheduler_stats is not None:
+            self.latest_scheduler_stats = item.scheduler_stats
+        return item
+
+    async def get_output_async(self) -> list[EngineCoreOutput]:
+        """The next step's outputs; a step that failed raises EngineStepError for its requests."""
+        return step_outputs(await self.outputs_async(), self.failed_requests)
+
+
+class AsyncInprocClient(AsyncOutputQueueMixin, EngineCoreClient):
     """The engine core in this process for asyncio callers: `AsyncLLM`'s client with
     `MINI_ENABLE_V1_MULTIPROCESSING=0` (mini's; vLLM's `AsyncLLM` always runs its core as a process).
 
@@ -283,28 +316,6 @@ class AsyncInprocClient(EngineCoreClient):
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         if request_ids and not self._stop.is_set():
             self._commands.put(("finish", (list(request_ids), status)))
-
-    async def add_request_async(self, request: EngineCoreRequest) -> None:
-        self._ensure_started()
-        self.add_request(request)
-
-    async def abort_requests_async(self, request_ids: list[str]) -> None:
-        self._ensure_started()
-        self.abort_requests(list(request_ids))
-
-    async def outputs_async(self) -> EngineCoreOutputs:
-        self._ensure_started()
-        item = await self._outputs_queue.get()
-        if isinstance(item, BaseException):
-            self._outputs_queue.put_nowait(item)
-            raise item
-        if item.scheduler_stats is not None:
-            self.latest_scheduler_stats = item.scheduler_stats
-        return item
-
-    async def get_output_async(self) -> list[EngineCoreOutput]:
-        """The next step's outputs; a step that failed raises EngineStepError for its requests."""
-        return step_outputs(await self.outputs_async(), self.failed_requests)
 
     def _call(self, method: str, *args: Any) -> Future:
         """Run a utility (mini/engine/core_proc.py `UTILITY_METHODS`) on the engine thread between two steps."""
@@ -674,7 +685,7 @@ def _resolve_utility(utility_futures: dict[int, Any], output: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- async
-class AsyncMPClient(MPClient):
+class AsyncMPClient(AsyncOutputQueueMixin, MPClient):
     """The engine core in a child process, for asyncio callers (vLLM's `AsyncMPClient`).
 
     Outputs are read by an asyncio task on the caller's loop (started on first use); the child's death is
@@ -711,28 +722,6 @@ class AsyncMPClient(MPClient):
                                    name="mini-engine-core-monitor", daemon=True)
         resources.threads.append(watcher)
         watcher.start()
-
-    async def add_request_async(self, request: EngineCoreRequest) -> None:
-        self._ensure_started()
-        self.add_request(request)
-
-    async def abort_requests_async(self, request_ids: list[str]) -> None:
-        self._ensure_started()
-        self.abort_requests(list(request_ids))
-
-    async def outputs_async(self) -> EngineCoreOutputs:
-        self._ensure_started()
-        item = await self._outputs_queue.get()
-        if isinstance(item, BaseException):
-            self._outputs_queue.put_nowait(item)
-            raise item
-        if item.scheduler_stats is not None:
-            self.latest_scheduler_stats = item.scheduler_stats
-        return item
-
-    async def get_output_async(self) -> list[EngineCoreOutput]:
-        """The next step's outputs; a step that failed raises EngineStepError for its requests."""
-        return step_outputs(await self.outputs_async(), self.failed_requests)
 
     async def call_utility_async(self, method: str, *args: Any) -> Any:
         self._ensure_started()
