@@ -66,8 +66,11 @@ def nothing_left_behind():
         yield
         return
     temp = Path(tempfile.gettempdir())
-    sockets_before = set(temp.glob("mini-engine-*"))
     me = os.getpid()
+    # Only this process's engines' folders (their names carry its pid, mini/engine/utils.py): another test run or
+    # server on the machine may create and remove its own meanwhile.
+    mine = f"mini-engine-{me}-*"
+    sockets_before = set(temp.glob(mine))
     my_cmdline = Path("/proc/self/cmdline").read_bytes()
     yield
     gc.collect()   # engines only a reference cycle still holds are shut down by their finalizers
@@ -75,7 +78,7 @@ def nothing_left_behind():
     def leftovers() -> tuple[list, list]:
         forks = [(pid, name) for pid, name in _live_children(me)
                  if _cmdline(pid) == my_cmdline]
-        sockets = sorted(str(p) for p in set(temp.glob("mini-engine-*")) - sockets_before)
+        sockets = sorted(str(p) for p in set(temp.glob(mine)) - sockets_before)
         return forks, sockets
 
     deadline = time.monotonic() + HANG_GUARD_S   # engines shut down asynchronously: give them time

@@ -71,7 +71,8 @@ def launch_core_engine(resources: Any, config: EngineConfig,
     method = start_method()
     if method == "spawn":
         _check_picklable(config)
-    resources.socket_dir = tempfile.mkdtemp(prefix="mini-engine-")
+    # The creating process's pid in the name: whose folder it is, when several engines share one temp dir.
+    resources.socket_dir = tempfile.mkdtemp(prefix=f"mini-engine-{os.getpid()}-")
     input_address = f"ipc://{resources.socket_dir}/input"
     output_address = f"ipc://{resources.socket_dir}/output"
     # A plain context for the handshake and the sync client; the async client adds an asyncio one.

@@ -26,12 +26,41 @@ from safetensors import safe_open
 from mini import roles
 from mini.attention import build_attention_backend
 from mini.model.llama import LlamaForCausalLM
-from mini.model.quantization import attach_quant_methods, process_weights_after_loading, resolve_quant_config
+from mini.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from mini.model.quantization import QuantizationConfig, resolve_quant_config
+from mini.model.vocab_parallel_embedding import ParallelLMHead
 
 DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHARD_INDEX_FILE = "model.safetensors.index.json"
 # Buffers some old checkpoints saved; mini recomputes them.
 IGNORED_CHECKPOINT_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def attach_quant_methods(model: torch.nn.Module, quant_config: QuantizationConfig | None) -> None:
+    """Give every linear layer (and the LM head) its method, after checking its shape fits the scheme (vLLM's layers
+    ask `quant_config.get_quant_method` in their constructors; mini's model is built first, on meta, then here)."""
+    if quant_config is None:
+        return
+    layers = [(prefix, module) for prefix, module in model.named_modules()
+              if isinstance(module, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
+    methods = []
+    for prefix, layer in layers:
+        method = quant_config.get_quant_method(layer, prefix)
+        if method is not None:
+            quant_config.check_layer(layer, prefix)
+            methods.append((layer, method))
+    for layer, method in methods:
+        layer.quant_method = method
+        method.create_weights(layer)
+
+
+def process_weights_after_loading(model: torch.nn.Module) -> None:
+    """Let every layer's method pack what was loaded (vLLM: `process_weights_after_loading` in
+    vllm/model_executor/model_loader/utils.py)."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
 
 
 def load_model(

@@ -26,7 +26,8 @@ here as vLLM has them, tested, for the course. No input splitting (`input_is_par
 
 Quantization (as vLLM's `LinearMethodBase`): every layer multiplies through `self.quant_method.apply(self, x,
 bias)`. `UnquantizedLinearMethod` is `F.linear` on the float `weight`; a scheme of mini/model/quantization/ swaps
-in its own method, which holds packed weights instead (`attach_quant_methods`, with one rank only).
+in its own method, which holds packed weights instead (`attach_quant_methods` in mini/model/loader.py; one rank
+only).
 
 With one rank each layer IS an `nn.Linear` of the full size and runs `nn.Linear.forward`: no collective,
 no extra copy.

@@ -104,6 +104,8 @@ def test_shutdown_and_garbage_collection_leave_nothing(monkeypatch):
     first = LLM(num_gpu_blocks_override=32)
     pid, socket_dir = first.llm_engine.engine_core.pid, Path(first.llm_engine.engine_core.socket_dir)
     assert _alive(pid) and socket_dir.exists()
+    # the folder names its creator, so a session's leftover check ignores other processes' engines (conftest.py)
+    assert socket_dir.name.startswith(f"mini-engine-{os.getpid()}-"), socket_dir.name
     first.llm_engine.shutdown()
     assert _wait_gone(pid) and not socket_dir.exists()
     first.llm_engine.shutdown()   # idempotent

@@ -5,18 +5,16 @@
     gptq                           4-bit, groups of 32..256 inputs          _weight_int4pack_mm_for_cpu, bf16 acts
 
 A scheme comes from `LLM(quantization=...)` / `--quantization` or from the checkpoint's `quantization_config`
-(`resolve_quant_config`). The model is built on the meta device, then `attach_quant_methods` gives every linear
-layer (and the LM head where the scheme covers it) its `quant_method`, checking each layer's shape first, so a
-shape the packing cannot hold is refused before any weight is read; after loading,
-`process_weights_after_loading` packs the weights for the kernel. The layers call `quant_method.apply`
-(mini/model/parallel_linear.py, vocab_parallel_embedding.py).
+(`resolve_quant_config`). The model is built on the meta device, then `attach_quant_methods`
+(mini/model/loader.py) gives every linear layer (and the LM head where the scheme covers it) its
+`quant_method`, checking each layer's shape first, so a shape the packing cannot hold is refused before any
+weight is read; after loading, `process_weights_after_loading` (also in the loader) packs the weights for the
+kernel. The layers call `quant_method.apply` (mini/model/parallel_linear.py, vocab_parallel_embedding.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from torch import nn
 
 from mini.model.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
@@ -65,34 +63,5 @@ def resolve_quant_config(quantization: str | None, hf_config: Any) -> Quantizati
     return get_quantization_config(quantization).from_config({})
 
 
-def attach_quant_methods(model: nn.Module, quant_config: QuantizationConfig | None) -> None:
-    """Give every linear layer (and the LM head) its method, after checking its shape fits the scheme."""
-    if quant_config is None:
-        return
-    from mini.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
-    from mini.model.vocab_parallel_embedding import ParallelLMHead
-
-    layers = [(prefix, module) for prefix, module in model.named_modules()
-              if isinstance(module, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
-    methods = []
-    for prefix, layer in layers:
-        method = quant_config.get_quant_method(layer, prefix)
-        if method is not None:
-            quant_config.check_layer(layer, prefix)
-            methods.append((layer, method))
-    for layer, method in methods:
-        layer.quant_method = method
-        method.create_weights(layer)
-
-
-def process_weights_after_loading(model: nn.Module) -> None:
-    """Let every layer's method pack what was loaded (vLLM: the loop at the end of its model loaders)."""
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            method.process_weights_after_loading(module)
-
-
-__all__ = ["QUANTIZATION_METHODS", "QuantizationConfig", "QuantizeMethodBase", "attach_quant_methods",
-           "check_quantization_args", "get_quantization_config", "process_weights_after_loading",
-           "resolve_quant_config"]
+__all__ = ["QUANTIZATION_METHODS", "QuantizationConfig", "QuantizeMethodBase", "check_quantization_args",
+           "get_quantization_config", "resolve_quant_config"]
