@@ -104,6 +104,10 @@ ROLES: tuple[Role, ...] = (
     Role("detokenizer", "token ids -> text, a few bytes at a time, and stop strings",
          {"mini.engine.detokenizer:OffsetIncrementalDetokenizer": ("detokenize_incrementally",
                                                                    "check_stop_strings")}),
+    Role("quantization", "quantized weights: rounding a float weight to int8 at load, reading a GPTQ checkpoint's "
+                         "packed 4-bit words back",
+         {"mini.model.quantization.int8:Int8LinearMethod": ("quantize_int8_per_channel",),
+          "mini.model.quantization.gptq:GPTQLinearMethod": ("unpack_int4_rows",)}),
     Role("data_parallel", "which of N data-parallel engine cores takes a new request (least loaded)",
          {"mini.engine.dp_routing:DPLoadBalancer": ("get_core_engine_for_request",)}),
 )

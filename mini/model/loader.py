@@ -36,9 +36,12 @@ SHARD_INDEX_FILE = "model.safetensors.index.json"
 IGNORED_CHECKPOINT_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def attach_quant_methods(model: torch.nn.Module, quant_config: QuantizationConfig | None) -> None:
+def attach_quant_methods(model: torch.nn.Module, quant_config: QuantizationConfig | None, config: Any = None) -> None:
     """Give every linear layer (and the LM head) its method, after checking its shape fits the scheme (vLLM's layers
-    ask `quant_config.get_quant_method` in their constructors; mini's model is built first, on meta, then here)."""
+    ask `quant_config.get_quant_method` in their constructors; mini's model is built first, on meta, then here).
+
+    `config`: the engine's EngineConfig; a method whose parts it replaces (the `model` role of mini/roles.py) becomes
+    the subclass `roles.resolve` builds, which adds only class attributes, so the instance simply changes class."""
     if quant_config is None:
         return
     layers = [(prefix, module) for prefix, module in model.named_modules()
@@ -47,6 +50,7 @@ def attach_quant_methods(model: torch.nn.Module, quant_config: QuantizationConfi
     for prefix, layer in layers:
         method = quant_config.get_quant_method(layer, prefix)
         if method is not None:
+            method.__class__ = roles.resolve(config, type(method))  # the same class when nothing is replaced
             quant_config.check_layer(layer, prefix)
             methods.append((layer, method))
     for layer, method in methods:
@@ -90,7 +94,7 @@ def load_model(
     backend = build_attention_backend(attention_backend, config)
     with torch.device("meta"):  # no time spent on random init: every tensor comes from the checkpoint
         model = roles.resolve(config, LlamaForCausalLM)(hf_config, attention_backend=backend)
-        attach_quant_methods(model, quant_config)
+        attach_quant_methods(model, quant_config, config)
     model.to(torch_dtype)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own storage; share the tied weight again

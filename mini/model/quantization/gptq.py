@@ -24,7 +24,7 @@ from torch import nn
 from mini.model.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from mini.model.quantization.common import drop_float_weight, is_lm_head, register_packed, weight_shape
 from mini.model.quantization.cpu_kernels import INT4_GROUP_SIZES, INT4_N_MULTIPLE, int4_linear, pack_int4_for_cpu
-from mini.model.quantization.quant_utils import PACK_FACTOR, quantize_int4_groups_min, unpack_gptq
+from mini.model.quantization.quant_utils import PACK_FACTOR, quantize_int4_groups_min, unpack_gptq, unpack_int4_rows
 
 ONLINE_GROUP_SIZE = 32
 
@@ -77,6 +77,9 @@ class GPTQConfig(QuantizationConfig):
 class GPTQLinearMethod(QuantizeMethodBase):
     """One layer's 4-bit weight: GPTQ tensors at load, PyTorch's packed int4 layout for the matmul."""
 
+    # a part of the `quantization` role (mini/roles.py): how a checkpoint's packed int32 words are read back
+    unpack_int4_rows = staticmethod(unpack_int4_rows)
+
     def __init__(self, config: GPTQConfig) -> None:
         self.config = config
 
@@ -97,7 +100,8 @@ class GPTQLinearMethod(QuantizeMethodBase):
             expected = torch.arange(layer.g_idx.numel(), dtype=torch.int32, device=layer.g_idx.device) // group
             if not torch.equal(layer.g_idx.to(torch.int32), expected):
                 raise ValueError("gptq g_idx is not input // group_size (an act-order checkpoint): not supported")
-            q, scales, zeros = unpack_gptq(layer.qweight.data, layer.qzeros.data, layer.scales.data, group)
+            q, scales, zeros = unpack_gptq(layer.qweight.data, layer.qzeros.data, layer.scales.data, group,
+                                           unpack_int4_rows=self.unpack_int4_rows)
             offsets = -zeros.float() * scales
             for name in ("qweight", "qzeros", "scales", "g_idx"):
                 delattr(layer, name)

@@ -93,14 +93,16 @@ def pack_int4_cols(values: torch.Tensor) -> torch.Tensor:
     return pack_int4_rows((values & 0xF).t().contiguous()).t().contiguous()
 
 
-def unpack_int4_cols(packed: torch.Tensor) -> torch.Tensor:
+def unpack_int4_cols(packed: torch.Tensor, *, unpack_int4_rows=unpack_int4_rows) -> torch.Tensor:
     """Inverse of `pack_int4_cols` (values 0..15)."""
     return unpack_int4_rows(packed.t().contiguous()).t().contiguous()
 
 
-def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GPTQ v1 tensors -> (q int32 `[N, K]`, scales float32 `[N, K/g]`, zeros int32 `[N, K/g]`)."""
+def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int, *,
+                unpack_int4_rows=unpack_int4_rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTQ v1 tensors -> (q int32 `[N, K]`, scales float32 `[N, K/g]`, zeros int32 `[N, K/g]`).
+
+    `unpack_int4_rows`: the unpacker of both packed tensors (a part of the `quantization` role, mini/roles.py)."""
     q = unpack_int4_rows(qweight).t().contiguous()
-    zeros = ((unpack_int4_cols(qzeros) + 1) & 0xF).t().contiguous()
+    zeros = ((unpack_int4_cols(qzeros, unpack_int4_rows=unpack_int4_rows) + 1) & 0xF).t().contiguous()
     return q, scales.float().t().contiguous(), zeros
