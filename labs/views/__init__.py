@@ -35,6 +35,8 @@ documented surface (docs/engine-internals.md, "Internal interfaces"), never by m
   grouped by the state they lead to, one int32 word of the packed bitmask with its bits, and the model's
   probabilities before and after the mask, as text is typed or sampled from the model token by token
   (vllm/v1/structured_output/);
+- `quant_group`: one group of a 4-bit weight: its codes, scale, zero point, packed words and error
+  (vllm/model_executor/layers/quantization/utils/quant_utils.py; a static plot and a text table);
 - `spec_decode_trace`: per step, each request's drafts, the accepted ones, the rejected one and its
   replacement, the bonus token, and the acceptance-length histogram (vllm/v1/spec_decode/,
   vllm/v1/sample/rejection_sampler.py); it also reads `trace.scheduler_output.scheduled_spec_decode_tokens`
