@@ -210,7 +210,9 @@ def check_quantize_int4_groups(candidate: Callable, seeds: Iterable[int] = range
     for weight, group_size in _int4_cases(seeds):
         expected_q, expected_scales, expected_zeros = reference(weight, group_size)
         inputs = _weight_inputs(weight, group_size=group_size)
-        with calling("quantize_int4_groups", inputs, expected=(expected_q, expected_scales, expected_zeros)):
+        with calling("quantize_int4_groups", inputs, expected=(expected_q, expected_scales, expected_zeros),
+                     hint="split each row into runs of group_size consecutive inputs (a [out, in / group_size, "
+                          "group_size] view): groups run along dim 1"):
             got = candidate(weight.clone(), group_size)
         q, scales, zeros = _expect_tuple(what, inputs, got, ("q", "scales", "zeros"))
         rows, cols = weight.shape
@@ -294,7 +296,8 @@ def check_pack_int4_rows(candidate: Callable, seeds: Iterable[int] = range(5)) -
         expected = reference(values)
         inputs = {"values": values.tolist() if values.numel() <= 32 else
                   f"int32 tensor of shape {list(values.shape)} in 0..15 (seeded)"}
-        with calling("pack_int4_rows", inputs, expected=expected):
+        with calling("pack_int4_rows", inputs, expected=expected,
+                     hint="eight 4-bit values per int32 along the ROWS: the result is [rows / 8, columns]"):
             got = candidate(values.clone())
         if not isinstance(got, torch.Tensor):
             _fail(what, inputs, f"got a {type(got).__name__}, not a torch.Tensor", "return an int32 tensor")

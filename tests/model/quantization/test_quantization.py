@@ -209,3 +209,39 @@ def test_output_size_the_int4_kernel_cannot_hold_is_refused(tiny_llama_dir):
     # The session's tiny model has a 211-token vocabulary: the quantized LM head would need a multiple of 16.
     with pytest.raises(ValueError, match="out_features divisible by 16.*lm_head has 211"):
         LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, quantization="gptq")
+
+
+def test_the_quantization_parts_are_chosen_from_the_engine_config(tiny_dir, tmp_path, monkeypatch):
+    """`roles.use` (what the course's `labs.plug` calls): the engine built inside runs the replaced quantizer at
+    load and the replaced unpacker on a GPTQ checkpoint; one built outside keeps mini's own."""
+    from mini import roles
+    from mini.model.quantization import quant_utils
+
+    monkeypatch.setenv("MINI_ENABLE_V1_MULTIPROCESSING", "0")   # the engine core in this process: calls are counted
+    calls = {"quantize_int8_per_channel": 0, "unpack_int4_rows": 0}
+
+    def counting_quantize(weight):
+        calls["quantize_int8_per_channel"] += 1
+        return quant_utils.quantize_int8_per_channel(weight)
+
+    def counting_unpack(packed):
+        calls["unpack_int4_rows"] += 1
+        return quant_utils.unpack_int4_rows(packed)
+
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    small = {"dtype": "bfloat16", "skip_tokenizer_init": True, "num_gpu_blocks_override": 16}
+    reference = LLM(model=str(tiny_dir), quantization="int8_per_channel_weight_only", **small).generate(
+        PROMPTS[:2], params, use_tqdm=False)
+    with roles.use(quantize_int8_per_channel=counting_quantize):
+        llm = LLM(model=str(tiny_dir), quantization="int8_per_channel_weight_only", **small)
+    assert calls["quantize_int8_per_channel"] > 0   # every linear layer and the head, at load
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params, use_tqdm=False)] == \
+        [o.outputs[0].token_ids for o in reference]
+
+    gptq_dir = _write_gptq_checkpoint(tiny_dir, tmp_path / "gptq", 32)
+    with roles.use(unpack_int4_rows=counting_unpack):
+        LLM(model=str(gptq_dir), **small)
+    assert calls["unpack_int4_rows"] > 0           # qweight and qzeros of every layer
+    before = dict(calls)
+    LLM(model=str(gptq_dir), **small)               # built outside: mini's own unpacker
+    assert calls == before
