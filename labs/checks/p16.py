@@ -124,7 +124,9 @@ def check_quantize_int8_per_channel(candidate: Callable, seeds: Iterable[int] = 
     for weight in _int8_cases(seeds):
         expected_q, expected_scales = reference(weight)
         inputs = _weight_inputs(weight)
-        with calling("quantize_int8_per_channel", inputs, expected=(expected_q, expected_scales)):
+        with calling("quantize_int8_per_channel", inputs, expected=(expected_q, expected_scales),
+                     hint="one scale per OUTPUT row (shape [out]); each row is divided by its own scale, so the "
+                          "scales broadcast as a column"):
             got = candidate(weight.clone())
         q, scales = _expect_tuple(what, inputs, got, ("q", "scales"))
         rows, cols = weight.shape
@@ -156,11 +158,15 @@ def _row_text(row: torch.Tensor) -> str:
 
 def _rounding_hint(exact: torch.Tensor, expected: int, got: int, low: int, high: int) -> str:
     value = float(exact)
-    if got == int(torch.tensor(value).trunc()) and got != expected:
+    truncated, floored = int(torch.tensor(value).trunc()), int(torch.tensor(value).floor())
+    if got == truncated == floored and got != expected:
+        return ("round to NEAREST, not toward zero or down: truncating (what converting to an integer type does) "
+                "or flooring leaves up to a whole step of error instead of half a step")
+    if got == truncated and got != expected:
         return ("round to NEAREST: converting to an integer type truncates toward zero, which biases every "
                 "code toward 0 (up to a whole step of error instead of half a step)")
-    if got == int(torch.tensor(value).floor()) and got != expected:
-        return "round to nearest, not down (floor): the error must stay within half a step"
+    if got == floored and got != expected:
+        return "round to NEAREST, not down (floor): the error must stay within half a step"
     if got < low or got > high:
         return (f"the codes must stay in {low}..{high}: clamp after rounding (a value can round one step past "
                 f"the end of the range)")

@@ -17,7 +17,7 @@ WRONG = [
           edit=("w.abs().amax(dim=1)", "w.abs().amax(dim=0)")),
     Wrong("quantize_int8_per_channel", "int32 codes", expect="dtype torch.int32",
           edit=(".clamp(-127, 127).to(torch.int8)", ".clamp(-127, 127).to(torch.int32)")),
-    Wrong("quantize_int8_per_channel", "floor instead of round", expect="not down (floor)",
+    Wrong("quantize_int8_per_channel", "floor instead of round", expect="round to NEAREST",
           edit=("torch.round(w / scales[:, None])", "torch.floor(w / scales[:, None])")),
     # ---- quantize_int4_groups
     Wrong("quantize_int4_groups", "no clamp of the codes", expect="clamp after rounding",
