@@ -231,7 +231,8 @@ def check_quantize_int4_groups(candidate: Callable, seeds: Iterable[int] = range
         wrong = ~torch.isclose(scales.float(), expected_scales, rtol=1e-5, atol=1e-12)
         if bool(wrong.any()):
             row, group = (int(i) for i in wrong.nonzero()[0])
-            _fail(what, inputs, f"row {row}, group {group} (inputs {group * group_size}..{(group + 1) * group_size - 1})"
+            first, last = group * group_size, (group + 1) * group_size - 1
+            _fail(what, inputs, f"row {row}, group {group} (inputs {first}..{last})"
                   f": expected scale {float(expected_scales[row, group]):.6g}, got {float(scales[row, group]):.6g}",
                   _int4_scale_hint(weight, group_size, scales, row, group))
         if not torch.equal(zeros.to(torch.int32), expected_zeros):
