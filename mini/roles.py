@@ -76,9 +76,12 @@ ROLES: tuple[Role, ...] = (
                                                    "run_model"),
           "mini.worker.input_batch:InputBatch": ("condense",)},
          {"mini.worker.model_runner:ModelRunner": "mini.worker.model_runner:ReferenceModelRunner"}),
-    Role("model", "the decoder's own operators, and the classes of its layers that hold a tensor-parallel collective",
+    Role("model", "the decoder's own operators, the classes of its layers that hold a tensor-parallel collective, "
+                  "and its quantized weights (rounding to int8 at load, reading a GPTQ checkpoint's 4-bit words)",
          {"mini.model.llama:LlamaForCausalLM": ("rms_norm", "apply_rotary", "RowParallelLinear",
-                                                "VocabParallelEmbedding")}),
+                                                "VocabParallelEmbedding"),
+          "mini.model.quantization.int8:Int8LinearMethod": ("quantize_int8_per_channel",),
+          "mini.model.quantization.gptq:GPTQLinearMethod": ("unpack_int4_rows",)}),
     Role("attention", "the attention backend: write K/V into the paged cache, attend over it",
          {"mini.attention.reference:ReferenceAttentionBackend": ("store_kv", "gather_kv", "paged_attention"),
           "mini.attention.triton_paged:TritonAttentionBackend": ("triton_store_kv", "paged_decode",
@@ -104,10 +107,6 @@ ROLES: tuple[Role, ...] = (
     Role("detokenizer", "token ids -> text, a few bytes at a time, and stop strings",
          {"mini.engine.detokenizer:OffsetIncrementalDetokenizer": ("detokenize_incrementally",
                                                                    "check_stop_strings")}),
-    Role("quantization", "quantized weights: rounding a float weight to int8 at load, reading a GPTQ checkpoint's "
-                         "packed 4-bit words back",
-         {"mini.model.quantization.int8:Int8LinearMethod": ("quantize_int8_per_channel",),
-          "mini.model.quantization.gptq:GPTQLinearMethod": ("unpack_int4_rows",)}),
     Role("data_parallel", "which of N data-parallel engine cores takes a new request (least loaded)",
          {"mini.engine.dp_routing:DPLoadBalancer": ("get_core_engine_for_request",)}),
 )

@@ -77,7 +77,7 @@ class GPTQConfig(QuantizationConfig):
 class GPTQLinearMethod(QuantizeMethodBase):
     """One layer's 4-bit weight: GPTQ tensors at load, PyTorch's packed int4 layout for the matmul."""
 
-    # a part of the `quantization` role (mini/roles.py): how a checkpoint's packed int32 words are read back
+    # a part of the `model` role (mini/roles.py): how a checkpoint's packed int32 words are read back
     unpack_int4_rows = staticmethod(unpack_int4_rows)
 
     def __init__(self, config: GPTQConfig) -> None:

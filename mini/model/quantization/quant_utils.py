@@ -102,7 +102,7 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
                 unpack_int4_rows=unpack_int4_rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GPTQ v1 tensors -> (q int32 `[N, K]`, scales float32 `[N, K/g]`, zeros int32 `[N, K/g]`).
 
-    `unpack_int4_rows`: the unpacker of both packed tensors (a part of the `quantization` role, mini/roles.py)."""
+    `unpack_int4_rows`: the unpacker of both packed tensors (a part of the `model` role, mini/roles.py)."""
     q = unpack_int4_rows(qweight).t().contiguous()
     zeros = ((unpack_int4_cols(qzeros, unpack_int4_rows=unpack_int4_rows) + 1) & 0xF).t().contiguous()
     return q, scales.float().t().contiguous(), zeros
