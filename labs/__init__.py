@@ -14,7 +14,7 @@ See docs/authoring.md for how a phase is written.
 Importing `labs` chooses the engine-core mode of the course: every engine built afterwards runs its core in this
 process (`MINI_ENABLE_V1_MULTIPROCESSING=0`, vLLM's `VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the views, the
 checks and the learner's plugged parts can look inside it, unless the environment already set the switch.
-Every notebook's setup cell starts with `import labs`, so no cell has to remember the variable; phase 15
+Every notebook's setup cell starts with `import labs`, so no cell has to remember the variable; phase 14
 builds its engines with the core in a child process explicitly (mini's default, as vLLM's).
 """
 

@@ -93,7 +93,7 @@ def _holds_phase_notebooks(folder: Path) -> bool:
 def course_notebooks_dir(start: str | os.PathLike | None = None) -> Path:
     """The folder of phase notebooks to assemble from, seen from `start` (default: the working directory).
 
-    A notebook runs with its own folder as working directory, so from `<folder>/14_capstone/` this is
+    A notebook runs with its own folder as working directory, so from `<folder>/17_capstone/` this is
     `<folder>`: `phases/` for a learner, `solutions/` when the source notebook runs (the course's tests,
     nbgrader's source), `submitted/<student>/` when an instructor runs a submission there. From anywhere
     else in a course (its root, `tests/`) it is the course's `phases/`; outside a course, the `phases/` of
@@ -521,7 +521,7 @@ def assemble(notebooks_dir: str | os.PathLike | None = None, *, include_capstone
     """Collect every answer written in the phase notebooks of `notebooks_dir`, ready to plug into the engine.
 
     `notebooks_dir` holds `NN_topic/NN_topic.ipynb` (a course's `phases/`, `solutions/` or a student's
-    folder); None: `course_notebooks_dir()` (from a notebook in `phases/14_capstone/`: `phases/`). A relative
+    folder); None: `course_notebooks_dir()` (from a notebook in `phases/17_capstone/`: `phases/`). A relative
     name such as "phases" is also looked up in the folders above the working directory. The capstone's own
     exercises build no engine part and are left out unless `include_capstone`.
     """

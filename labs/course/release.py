@@ -18,7 +18,8 @@ phases/ is also where learners work, so neither command may cost them their work
   id), and first copies the old file to `backups/<time>/phases/...` if it held any work of the learner's
   (filled answers, added cells, outputs); what could not be carried (an answer cell the new release no
   longer has, an added cell) is named in the returned messages. Files it deletes from phases/ are backed
-  up the same way.
+  up the same way. A phase that was renumbered or renamed (`14_capstone` -> `17_capstone`) keeps its
+  exercises' grade ids: the answers of the old notebook are carried into the new one by grade id.
 """
 
 from __future__ import annotations
@@ -379,21 +380,58 @@ def _backup(root: Path, relative: str, stamp: str) -> str:
     return str(target.relative_to(root))
 
 
-def _carry_answers(present: nbformat.NotebookNode, content: bytes) -> tuple[bytes, list[str], list[str]]:
-    """The new release `content` with the learner's answers of `present` put back into their cells.
+def _put_answers(content: bytes, answers: dict[str, str]) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The notebook `content` with each answer cell whose grade id is in `answers` given that source.
 
-    Returns (content, grade ids carried over, what could not be carried)."""
+    Returns (notebook, the grade ids put in)."""
     released = nbformat.reads(content.decode("utf-8"), as_version=4)
-    answers = _filled_answers(present, released)
     carried = []
     for cell in released.cells:
         if _is_answer_cell(cell) and _answer_id(cell) in answers:
             cell.source = answers[_answer_id(cell)]
             carried.append(_answer_id(cell))
+    return released, carried
+
+
+def _carry_answers(present: nbformat.NotebookNode, content: bytes) -> tuple[bytes, list[str], list[str]]:
+    """The new release `content` with the learner's answers of `present` put back into their cells.
+
+    Returns (content, grade ids carried over, what could not be carried)."""
+    answers = _filled_answers(present, nbformat.reads(content.decode("utf-8"), as_version=4))
+    released, carried = _put_answers(content, answers)
     lost = [f"answer cell {grade_id!r} (not in the new release)" for grade_id in answers if grade_id not in carried]
     lost += [f"a cell you added ({cell.get('cell_type')} cell {cell.get('id')!r})"
              for cell in _learner_cells(present, released)]
     return notebook_text(released).encode("utf-8"), carried, lost
+
+
+def _answers_of_moved_notebooks(root: Path, stale: list[str]) -> dict[str, tuple[str, str]]:
+    """{grade id: (the learner's source, the notebook it is in)} for the filled answers of the phases/ notebooks
+    the new release no longer has: a phase that was renumbered (`14_capstone` -> `17_capstone`) keeps its
+    exercises' grade ids, so its answers follow them into the new notebook."""
+    moved: dict[str, tuple[str, str]] = {}
+    empty = nbformat.v4.new_notebook()
+    for relative in stale:
+        if not relative.endswith(".ipynb"):
+            continue
+        present = _read_bytes_as_notebook((root / relative).read_bytes())
+        if present is not None:
+            for grade_id, source in _filled_answers(present, empty).items():
+                moved.setdefault(grade_id, (source, relative))
+    return moved
+
+
+def _new_notebook(content: bytes, moved: dict[str, tuple[str, str]]) -> tuple[bytes, dict[str, list[str]]]:
+    """A notebook new to phases/, with the answers of a moved notebook whose grade ids it has.
+
+    Returns (content, {old notebook: grade ids carried from it})."""
+    released, carried = _put_answers(content, {grade_id: source for grade_id, (source, _) in moved.items()})
+    if not carried:
+        return content, {}
+    origins: dict[str, list[str]] = {}
+    for grade_id in carried:
+        origins.setdefault(moved[grade_id][1], []).append(grade_id)
+    return notebook_text(released).encode("utf-8"), origins
 
 
 def _release_notebook(root: Path, relative: str, content: bytes, stamp: str) -> str | None:
@@ -432,12 +470,20 @@ def release(root: Path = REPO_ROOT, assignment_ids: list[str] | None = None) -> 
     changed = normalize_sources(root, assignment_ids)
     expected = generated_files(assignment_ids, root=root)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    stale = sorted(_phase_files(root, assignment_ids) - set(expected))
+    moved = _answers_of_moved_notebooks(root, stale)
+    carried_to: dict[str, str] = {}  # old notebook -> the new one its answers went to
     for relative, content in expected.items():
         path = root / relative
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
+            origins = {}
+            if relative.endswith(".ipynb"):
+                content, origins = _new_notebook(content, moved)
             path.write_bytes(content)
-            changed.append(relative)
+            carried_to.update(dict.fromkeys(origins, relative))
+            changed.append(relative + "".join(f" (new; {len(ids)} answer(s) carried over from {old})"
+                                              for old, ids in origins.items()))
         elif relative.endswith(".ipynb"):
             message = _release_notebook(root, relative, content, stamp)
             if message is not None:
@@ -446,8 +492,9 @@ def release(root: Path = REPO_ROOT, assignment_ids: list[str] | None = None) -> 
             backup = _backup(root, relative, stamp)
             path.write_bytes(content)
             changed.append(f"{relative} (replaced; the old file is in {backup})")
-    for relative in sorted(_phase_files(root, assignment_ids) - set(expected)):
+    for relative in stale:
         backup = _backup(root, relative, stamp)
         (root / relative).unlink()
-        changed.append(f"{relative} (deleted; a copy is in {backup})")
+        where = f"; its answers are now in {carried_to[relative]}" if relative in carried_to else ""
+        changed.append(f"{relative} (deleted; a copy is in {backup}{where})")
     return changed

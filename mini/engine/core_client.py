@@ -89,7 +89,7 @@ def internals_error(name: str) -> str:
     return (f"llm_engine.{name} lives in the engine-core process: this engine runs its core in a child "
             f"process (multiprocess mode). Set the environment variable {ENV_MULTIPROCESSING}=0 before "
             f"building the engine to keep the core, and {name}, in this process (the course's views and "
-            f"phases 1-14 do; phase 15 explains the split).")
+            f"other phases do; phase 14 explains the split).")
 
 
 # ---------------------------------------------------------------------------- the interface

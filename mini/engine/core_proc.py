@@ -3,7 +3,7 @@
 Mirrors vllm/v1/engine/core.py (`EngineCoreProc`: `run_engine_core`, `run_busy_loop`,
 `process_input_sockets`, `process_output_sockets`, `_handle_client_request`, `_send_engine_dead`).
 Why a file apart from core.py (vLLM keeps `EngineCoreProc` in core.py): `EngineCore` is what the course reads
-step by step; the sockets, threads and signals of its process are phase 15's, and together they would not fit
+step by step; the sockets, threads and signals of its process are phase 14's, and together they would not fit
 one small file.
 
 The child process runs three threads, as vLLM's:

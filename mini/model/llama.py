@@ -24,7 +24,7 @@ vocabulary. `check_tensor_parallel_size` says which sizes a model allows.
 are handed to every submodule when the model is built (`DecoderOps`), so a model class built with replaced
 parts (`roles.resolve(config, LlamaForCausalLM)`) runs them in every layer. Its parts `RowParallelLinear` and
 `VocabParallelEmbedding` are the classes of the layers whose forward holds a collective (o_proj, down_proj,
-the embedding), built from `DecoderOps` too (phase 15 plugs a learner's subclass into a TP=2 engine). vLLM picks an
+the embedding), built from `DecoderOps` too (phase 14 plugs a learner's subclass into a TP=2 engine). vLLM picks an
 op's implementation when the model is built too (`CustomOp`, vllm/model_executor/custom_op.py). The layers hold the
 engine's attention backend instance (mini/attention/).
 """

@@ -201,15 +201,15 @@ def test_solutions_and_release_loaded_in_one_process_keep_their_own_kernels(rele
 
 def test_the_notebooks_folder_is_found_from_where_the_notebook_runs(tmp_path, monkeypatch):
     for side in ("phases", "solutions"):
-        for assignment in ("01_paged_kv", "14_capstone"):
+        for assignment in ("01_paged_kv", "17_capstone"):
             (tmp_path / side / assignment).mkdir(parents=True)
             (tmp_path / side / assignment / f"{assignment}.ipynb").write_text("{}")
-    assert course_notebooks_dir(tmp_path / "phases" / "14_capstone") == tmp_path / "phases"
-    assert course_notebooks_dir(tmp_path / "solutions" / "14_capstone") == tmp_path / "solutions"
+    assert course_notebooks_dir(tmp_path / "phases" / "17_capstone") == tmp_path / "phases"
+    assert course_notebooks_dir(tmp_path / "solutions" / "17_capstone") == tmp_path / "solutions"
     assert course_notebooks_dir(tmp_path) == tmp_path / "phases"
     (tmp_path / "tests").mkdir()
     assert course_notebooks_dir(tmp_path / "tests") == tmp_path / "phases"
-    monkeypatch.chdir(tmp_path / "phases" / "14_capstone")  # a relative name is looked up above the notebook
+    monkeypatch.chdir(tmp_path / "phases" / "17_capstone")  # a relative name is looked up above the notebook
     assert assembly._resolve_notebooks_dir("solutions") == tmp_path / "solutions"
     with pytest.raises(FileNotFoundError, match="no_such_folder"):
         assembly._resolve_notebooks_dir("no_such_folder")
@@ -226,8 +226,8 @@ def test_stubs_are_told_from_answers():
 
 
 def test_the_reference_helpers_pass_the_capstone_checks():
-    from labs.checks import p14
+    from labs.checks import p17
 
-    p14.check_first_divergence(first_divergence)
-    p14.check_find_breaking_component(find_breaking_component)
-    p14.check_phase_scores(phase_scores)
+    p17.check_first_divergence(first_divergence)
+    p17.check_find_breaking_component(find_breaking_component)
+    p17.check_phase_scores(phase_scores)

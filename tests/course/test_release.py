@@ -260,6 +260,33 @@ def test_release_carries_the_answers_into_a_changed_phase_and_backs_up_the_old_n
     assert release(tmp_path, [assignment_id]) == []  # a second release changes nothing
 
 
+def test_release_carries_the_answers_of_a_renumbered_phase_into_its_new_notebook(tmp_path, generated):
+    """The capstone moved from 14 to 17 when phases were added before it: a learner's answers follow their
+    grade ids into the new notebook, and the old one is backed up before it is deleted."""
+    assignment_id = "17_capstone"
+    learner = _course_copy(tmp_path, assignment_id, generated)
+    answers = _solutions(assignment_id)
+    _work_as_in_jupyterlab(learner, answers)
+    old = tmp_path / "phases" / "14_capstone" / "14_capstone.ipynb"  # where the earlier numbering kept it
+    old.parent.mkdir(parents=True)
+    learner.rename(old)
+    learner.parent.rmdir()
+    saved = old.read_bytes()
+
+    changed = release(tmp_path)
+    (created,) = [m for m in changed if m.startswith(f"phases/{assignment_id}/{assignment_id}.ipynb")]
+    assert f"{len(answers)} answer(s) carried over from phases/14_capstone/14_capstone.ipynb" in created, created
+    (deleted,) = [m for m in changed if m.startswith("phases/14_capstone/")]
+    assert f"its answers are now in phases/{assignment_id}/{assignment_id}.ipynb" in deleted, deleted
+    backup = tmp_path / deleted.split("a copy is in ")[1].split(";")[0]
+    assert backup.read_bytes() == saved and not old.exists()
+
+    kept = {c.metadata["nbgrader"]["grade_id"]: c.source
+            for c in read_notebook(learner).cells if c.metadata.get("nbgrader", {}).get("solution")}
+    assert kept == answers
+    assert find_drift(tmp_path).is_clean()
+
+
 def test_an_older_releases_untouched_stub_is_replaced_not_carried(tmp_path, generated):
     """An author rewrites an exercise's docstring: the learner's untouched stub of the old release is not their
     work, so `release` writes the new stub instead of carrying the old one over (and needs no backup)."""

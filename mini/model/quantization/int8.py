@@ -33,7 +33,7 @@ class Int8PerChannelWeightOnlyConfig(QuantizationConfig):
 class Int8LinearMethod(QuantizeMethodBase):
     """One layer's int8 weight and its per-row scales."""
 
-    # a part of the `model` role (mini/roles.py): replaceable by the course's phase 16
+    # a part of the `model` role (mini/roles.py): replaceable by the course's phase 15
     quantize_int8_per_channel = staticmethod(quantize_int8_per_channel)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:

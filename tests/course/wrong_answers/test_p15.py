@@ -1,224 +1,101 @@
-"""Phase 15's checks reject plausible wrong answers (issue 27): each fails with the default seeds and a message
-that locates the bug (the rank, the iteration, the collective, or the rule that was broken)."""
+"""Phase 15's checks reject plausible wrong answers: each fails with the default seeds and a message that locates
+the bug (the row, group, column, packed word or nibble) and names the likely mistake."""
 
 import pytest
 
 from tests.course.fidelity import Wrong, assert_wrong_fails, wrong_params
 
 WRONG = [
-    # ---- RowParallelLinear.forward
-    Wrong("RowParallelLinear", "adds the bias on every rank", expect="every rank added it",
-          edit=("self.bias if self.tp_rank == 0 else None", "self.bias")),
-    Wrong("RowParallelLinear", "no all-reduce: each rank keeps its partial sum",
-          expect="RowParallelLinear.forward, rank 0 of 2",
-          edit=("        return tensor_model_parallel_all_reduce(output) if self.reduce_results else output",
-                "        return output")),
-    Wrong("RowParallelLinear", "all-reduces even when reduce_results is False", expect="reduce_results",
-          edit=("        return tensor_model_parallel_all_reduce(output) if self.reduce_results else output",
-                "        return tensor_model_parallel_all_reduce(output)")),
-    Wrong("RowParallelLinear", "all-reduces twice", expect="collective calls per rank",
-          edit=("        return tensor_model_parallel_all_reduce(output) if self.reduce_results else output",
-                ("        output = tensor_model_parallel_all_reduce(output)\n"
-                 "        return tensor_model_parallel_all_reduce(output / 2)"))),
-    Wrong("RowParallelLinear", "the bias added after the all-reduce, on rank 0 only",
-          expect="after the all-reduce every rank must hold the same full result",
-          edit=(("        output = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)\n"
-                "        return tensor_model_parallel_all_reduce(output) if self.reduce_results else output"),
-                ("        output = F.linear(x, self.weight)\n"
-                "        output = tensor_model_parallel_all_reduce(output) if self.reduce_results else output\n"
-                "        return output + self.bias if self.bias is not None and self.tp_rank == 0 else output"))),
-    Wrong("RowParallelLinear", "no bias when the results are not reduced", expect="rank 0's partial result carries",
-          edit=("        output = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)",
-                ("        if not self.reduce_results:\n"
-                "            return F.linear(x, self.weight)\n"
-                "        output = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)"))),
-    Wrong("RowParallelLinear", "multiplies by the weight untransposed", expect="raised RuntimeError",
-          edit=("        output = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)",
-                ("        output = x @ self.weight\n"
-                "        if self.bias is not None and self.tp_rank == 0:\n"
-                "            output = output + self.bias"))),
-    # ---- VocabParallelEmbedding.forward
-    Wrong("VocabParallelEmbedding", "does not zero the rows of out-of-shard ids", expect="instead of ZERO",
-          edit=("F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)",
-                "F.embedding(local_ids, self.weight)")),
-    Wrong("VocabParallelEmbedding", "looks up global ids in the local shard", expect="IndexError",
-          edit=("(input_ids - self.vocab_start_index).masked_fill(outside, 0)", "input_ids.masked_fill(outside, 0)")),
-    Wrong("VocabParallelEmbedding", "masks input_ids in place", expect="in place",
-          edit=("local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)",
-                "local_ids = input_ids.sub_(self.vocab_start_index).masked_fill_(outside, 0)")),
-    Wrong("VocabParallelEmbedding", "no all-reduce", expect="VocabParallelEmbedding.forward, rank 0 of 2",
-          edit=("        return tensor_model_parallel_all_reduce(output)", "        return output")),
-    Wrong("VocabParallelEmbedding", "the range's end counted as inside", expect="end is exclusive",
-          edit=("(input_ids >= self.vocab_end_index)", "(input_ids > self.vocab_end_index)")),
-    Wrong("VocabParallelEmbedding", "the range's start counted as outside", expect="came out as zeros",
-          edit=("(input_ids < self.vocab_start_index)", "(input_ids <= self.vocab_start_index)")),
-    Wrong("VocabParallelEmbedding", "its own floor split of the vocabulary instead of the layer's range",
-          expect="came out as zeros",
-          edit=(("        outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)\n"
-                "        local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)"),
-                ("        per_rank = self.org_vocab_size // self.tp_size\n"
-                "        start, end = self.tp_rank * per_rank, (self.tp_rank + 1) * per_rank\n"
-                "        outside = (input_ids < start) | (input_ids >= end)\n"
-                "        local_ids = (input_ids - start).masked_fill(outside, 0)"))),
-    Wrong("VocabParallelEmbedding", "the range tested on the shifted ids",
-          expect="VocabParallelEmbedding.forward, rank",
-          edit=(("        outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)\n"
-                "        local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)"),
-                ("        shifted = input_ids - self.vocab_start_index\n"
-                "        outside = (shifted < self.vocab_start_index) | (shifted >= self.vocab_end_index)\n"
-                "        local_ids = shifted.masked_fill(outside, 0)"))),
-    # ---- QKVParallelLinear.weight_loader
-    Wrong("QKVParallelLinear", "KV heads sharded by tp_rank (no replication)", expect="replicated",
-          edit=('shard = self.tp_rank if shard_id == "q" else self.kv_partition.shard_rank', "shard = self.tp_rank")),
-    Wrong("QKVParallelLinear", "every projection copied to the top of the fused matrix", expect="weight of rank 0",
-          edit=("param.data.narrow(0, offset, size)", "param.data.narrow(0, 0, size)")),
-    Wrong("QKVParallelLinear", "the fused matrix sliced as one block", expect="shard q, k and v SEPARATELY",
+    # ---- quantize_int8_per_channel
+    Wrong("quantize_int8_per_channel", "scale from max instead of absmax", expect="largest MAGNITUDE",
+          edit=("w.abs().amax(dim=1)", "w.amax(dim=1)")),
+    Wrong("quantize_int8_per_channel", "rounds toward zero", expect="round to NEAREST",
+          edit=("torch.round(w / scales[:, None])", "(w / scales[:, None]).trunc()")),
+    Wrong("quantize_int8_per_channel", "divides by 128", expect="not 128",
+          edit=("/ 127.0", "/ 128.0")),
+    Wrong("quantize_int8_per_channel", "one scale per input column", expect="one scale per OUTPUT row",
+          edit=("w.abs().amax(dim=1)", "w.abs().amax(dim=0)")),
+    Wrong("quantize_int8_per_channel", "int32 codes", expect="dtype torch.int32",
+          edit=(".clamp(-127, 127).to(torch.int8)", ".clamp(-127, 127).to(torch.int32)")),
+    Wrong("quantize_int8_per_channel", "floor instead of round", expect="round to NEAREST",
+          edit=("torch.round(w / scales[:, None])", "torch.floor(w / scales[:, None])")),
+    # ---- quantize_int4_groups
+    Wrong("quantize_int4_groups", "no clamp of the codes", expect="clamp after rounding",
+          edit=("q = torch.round(w / scales[..., None] + zeros[..., None]).clamp(0, 15)",
+                "q = torch.round(w / scales[..., None] + zeros[..., None])")),
+    Wrong("quantize_int4_groups", "rounds toward zero", expect="round to NEAREST",
+          edit=("q = torch.round(w / scales[..., None] + zeros[..., None]).clamp(0, 15)",
+                "q = (w / scales[..., None] + zeros[..., None]).trunc().clamp(0, 15)")),
+    Wrong("quantize_int4_groups", "zero point off by one", expect="off by one",
+          edit=("zeros = torch.round(-low / scales).clamp(0, 15)",
+                "zeros = (torch.round(-low / scales) + 1).clamp(0, 15)")),
+    Wrong("quantize_int4_groups", "range does not include zero", expect="must include 0.0",
+          edit=("    low = w.amin(dim=-1).clamp(max=0.0)\n    high = w.amax(dim=-1).clamp(min=0.0)\n",
+                "    low = w.amin(dim=-1)\n    high = w.amax(dim=-1)\n")),
+    Wrong("quantize_int4_groups", "sixteen steps", expect="not 16", edit=("/ 15.0", "/ 16.0")),
+    Wrong("quantize_int4_groups", "groups along the output axis", expect="groups run along dim 1",
           source='''
-class QKVParallelLinear(ReferenceQKVParallelLinear):
-    def weight_loader(self, param, loaded_weight, shard_id=None):
-        rows = param.shape[0]
-        offset = {"q": 0, "k": self.split_sizes[0], "v": self.split_sizes[0] + self.split_sizes[1]}[shard_id]
-        size = loaded_weight.shape[0] * rows // (self.total_num_heads + 2 * self.total_num_kv_heads) // self.head_size
-        start = self.tp_rank * size
-        with torch.no_grad():
-            param.data.narrow(0, offset, min(size, rows - offset)).copy_(
-                loaded_weight.narrow(0, start, min(size, rows - offset)))
+def quantize_int4_groups(weight, group_size):
+    n, k = weight.shape
+    w = weight.float().t().reshape(k, n // group_size, group_size)
+    low = w.amin(dim=-1).clamp(max=0.0)
+    high = w.amax(dim=-1).clamp(min=0.0)
+    scales = ((high - low) / 15.0).clamp(min=1e-8)
+    zeros = torch.round(-low / scales).clamp(0, 15)
+    q = torch.round(w / scales[..., None] + zeros[..., None]).clamp(0, 15)
+    return q.reshape(k, n).t().contiguous().to(torch.int32), scales, zeros.to(torch.int32)
 '''),
-    Wrong("QKVParallelLinear", "silently ignores an unknown shard_id", expect="must raise ValueError",
+    # ---- pack_int4_rows
+    Wrong("pack_int4_rows", "nibbles in reverse order", expect="reverse order",
+          edit=("shifts = torch.arange(0, 32, 4, dtype=torch.int64)",
+                "shifts = torch.arange(28, -4, -4, dtype=torch.int64)")),
+    Wrong("pack_int4_rows", "strided rows instead of consecutive ones", expect="CONSECUTIVE rows",
+          edit=("grouped = values.to(torch.int64).reshape(rows // PACK_FACTOR, PACK_FACTOR, cols)",
+                "grouped = values.to(torch.int64).reshape(PACK_FACTOR, rows // PACK_FACTOR, cols).transpose(0, 1)")),
+    Wrong("pack_int4_rows", "returns int64", expect="dtype torch.int64",
+          edit=("return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)", "return packed")),
+    Wrong("pack_int4_rows", "shifts by 8 bits", expect="first wrong nibble",
+          edit=("shifts = torch.arange(0, 32, 4, dtype=torch.int64)",
+                "shifts = torch.arange(0, 64, 8, dtype=torch.int64)")),
+    Wrong("pack_int4_rows", "packs along the columns", expect="[rows / 8, columns]",
           source='''
-class QKVParallelLinear(ReferenceQKVParallelLinear):
-    def weight_loader(self, param, loaded_weight, shard_id=None):
-        q_size, kv_size, _ = self.split_sizes
-        where = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}.get(shard_id)
-        if where is None:
-            return
-        offset, size = where
-        shard = self.tp_rank if shard_id == "q" else self.kv_partition.shard_rank
-        with torch.no_grad():
-            param.data.narrow(0, offset, size).copy_(loaded_weight.narrow(0, shard * size, size))
+def pack_int4_rows(values):
+    rows, cols = values.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    grouped = values.to(torch.int64).reshape(rows, cols // PACK_FACTOR, PACK_FACTOR)
+    packed = (grouped << shifts[None, None, :]).sum(dim=2)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 '''),
-    Wrong("QKVParallelLinear", "an unknown shard_id fails with a KeyError from the table",
-          expect="expected a ValueError",
-          edit=(("        if shard_id not in (\"q\", \"k\", \"v\"):\n"
-                "            raise ValueError(f\"shard_id must be one of 'q', 'k', 'v', got {shard_id!r}\")\n"), "")),
-    Wrong("QKVParallelLinear", "v written over k (v's offset right after q)", expect="this rank's k block",
-          edit=('"v": (q_size + kv_size, kv_size)', '"v": (q_size, kv_size)')),
-    Wrong("QKVParallelLinear", "the KV shard taken as tp_rank modulo the number of shards", expect="replicated",
-          edit=('shard = self.tp_rank if shard_id == "q" else self.kv_partition.shard_rank',
-                'shard = self.tp_rank if shard_id == "q" else self.tp_rank % self.kv_partition.num_shards')),
-    Wrong("QKVParallelLinear", "copies into the Parameter itself, with autograd on", expect="raised RuntimeError",
-          edit=("        with torch.no_grad():\n            param.data.narrow(0, offset, size)",
-                "        if True:\n            param.narrow(0, offset, size)")),
-    # ---- EngineCoreProc (the busy loop)
-    Wrong("EngineCoreProc", "handles one message per iteration", expect="left in the input queue",
-          edit=("""        while True:
-            try:
-                item = self.input_queue.get_nowait()
-            except queue.Empty:
-                return True
-            if item is _SHUTDOWN:
-                return False
-            self._handle_client_request(*item)""", """        try:
-            item = self.input_queue.get_nowait()
-        except queue.Empty:
-            return True
-        if item is _SHUTDOWN:
-            return False
-        self._handle_client_request(*item)
-        return True""")),
-    Wrong("EngineCoreProc", "blocks on the queue even while requests run",
-          expect="only when has_unfinished_requests() is False",
-          edit=("""        if not self.engine_core.has_unfinished_requests():
-            item = self.input_queue.get()""", """        if True:
-            item = self.input_queue.get()""")),
-    Wrong("EngineCoreProc", "steps and emits when idle",
-          expect="iteration 6: it put an EngineCoreOutputs with no outputs",
-          edit=("""        if not self.engine_core.has_unfinished_requests():
-            return
-        outputs = self.engine_core.step()
-        if outputs:""", """        outputs = self.engine_core.step()
-        if True:""")),
-    Wrong("EngineCoreProc", "ignores the shutdown on an idle core", expect="keep running",
-          edit=("""            item = self.input_queue.get()
-            if item is _SHUTDOWN:
-                return False""", """            item = self.input_queue.get()
-            if item is _SHUTDOWN:
-                return True""")),
-    Wrong("EngineCoreProc", "never waits: an idle core spins on the queue", expect="it spins", source='''
-class EngineCoreProc(ReferenceEngineCoreProc):
-    def _process_input_queue(self):
-        while True:
-            try:
-                item = self.input_queue.get_nowait()
-            except queue.Empty:
-                return True
-            if item is _SHUTDOWN:
-                return False
-            self._handle_client_request(*item)
-
-    def _process_engine_step(self):
-        if not self.engine_core.has_unfinished_requests():
-            return
-        outputs = self.engine_core.step()
-        if outputs:
-            self.output_queue.put(EngineCoreOutputs(outputs=outputs, scheduler_stats=self._scheduler_stats(),
-                                                    timestamp=time.monotonic()))
-'''),
-    Wrong("EngineCoreProc", "emits an empty EngineCoreOutputs for a prefill chunk",
-          expect="iteration 7: it put an EngineCoreOutputs with no outputs",
-          edit=("        if outputs:\n            self.output_queue.put(",
-                "        if outputs is not None:\n            self.output_queue.put(")),
-    Wrong("EngineCoreProc", "keeps draining after the shutdown sentinel", expect="AFTER the shutdown sentinel",
-          edit=("""        while True:
-            try:
-                item = self.input_queue.get_nowait()
-            except queue.Empty:
-                return True
-            if item is _SHUTDOWN:
-                return False
-            self._handle_client_request(*item)""", """        stop = False
-        while True:
-            try:
-                item = self.input_queue.get_nowait()
-            except queue.Empty:
-                return not stop
-            if item is _SHUTDOWN:
-                stop = True
-                continue
-            self._handle_client_request(*item)""")),
-    Wrong("EngineCoreProc", "one EngineCoreOutputs per request", expect="part at step 'iteration 0'",
-          edit=("""        if outputs:
-            self.output_queue.put(EngineCoreOutputs(outputs=outputs, scheduler_stats=self._scheduler_stats(),
-                                                    timestamp=time.monotonic()))""", """        for output in outputs:
-            self.output_queue.put(EngineCoreOutputs(outputs=[output], scheduler_stats=self._scheduler_stats(),
-                                                    timestamp=time.monotonic()))""")),
-    Wrong("EngineCoreProc", "the drain's end returns None", expect="keep running",
-          edit=("""            except queue.Empty:
-                return True""", """            except queue.Empty:
-                return""")),
-    # ---- get_core_engine_for_request
-    Wrong("get_core_engine_for_request", "ties always go to core 0", expect="FIRST core",
-          edit=("index = (eng_start_index + offset) % num_engines", "index = offset")),
-    Wrong("get_core_engine_for_request", "the last of equal scores wins", expect="strict <",
-          edit=("if score < best_score:", "if score <= best_score:")),
-    Wrong("get_core_engine_for_request", "ignores this client's in-flight requests", expect="client_count * inflight",
-          edit=("score = max(client_count * engine_inflight[index], waiting + running)", "score = waiting + running")),
-    Wrong("get_core_engine_for_request", "no KV-cache pressure penalty", expect="kv_cache_usage - 0.5",
-          edit=("            score += waiting * 6.0 * max(0.0, kv_cache_usage - 0.5)", "            pass")),
-    Wrong("get_core_engine_for_request", "a negative penalty below half usage", expect="kv_cache_usage - 0.5",
-          edit=("max(0.0, kv_cache_usage - 0.5)", "(kv_cache_usage - 0.5)")),
-    Wrong("get_core_engine_for_request", "bumps the chosen core's waiting count in the caller's list",
-          expect="changed its inputs: lb_engines",
-          edit=("    return best_index\n", "    lb_engines[best_index][0] += client_count\n    return best_index\n")),
-    Wrong("get_core_engine_for_request", "reads a usage that a pair does not have", expect="raised IndexError",
-          edit=("        kv_cache_usage = counts[2] if len(counts) > 2 else 0.0",
-                "        kv_cache_usage = counts[2]")),
-    Wrong("get_core_engine_for_request", "pads the caller's counts with a usage of 0", expect="changed its inputs",
-          edit=("        kv_cache_usage = counts[2] if len(counts) > 2 else 0.0",
-                "        if len(counts) < 3:\n            counts.append(0.0)\n        kv_cache_usage = counts[2]")),
+    # ---- unpack_int4_rows
+    Wrong("unpack_int4_rows", "no mask after the shift", expect="keep only the four bits",
+          edit=("values = (packed[:, None, :] >> shifts[None, :, None]) & 0xF",
+                "values = packed[:, None, :] >> shifts[None, :, None]")),
+    Wrong("unpack_int4_rows", "nibbles in reverse order", expect="LOWEST nibble is the first",
+          edit=("shifts = torch.arange(0, 32, 4, dtype=torch.int32)",
+                "shifts = torch.arange(28, -4, -4, dtype=torch.int32)")),
+    Wrong("unpack_int4_rows", "flattens nibble-major", expect="mind the order of the axes",
+          edit=("return values.reshape(rows * PACK_FACTOR, cols)",
+                "return values.transpose(0, 1).reshape(rows * PACK_FACTOR, cols)")),
+    Wrong("unpack_int4_rows", "returns int64", expect="dtype torch.int64",
+          edit=("return values.reshape(rows * PACK_FACTOR, cols)",
+                "return values.reshape(rows * PACK_FACTOR, cols).to(torch.int64)")),
+    Wrong("unpack_int4_rows", "masks with 0x7", expect="inverse of pack_int4_rows",
+          edit=("values = (packed[:, None, :] >> shifts[None, :, None]) & 0xF",
+                "values = (packed[:, None, :] >> shifts[None, :, None]) & 0x7")),
+    # ---- dequantize_int4_groups
+    Wrong("dequantize_int4_groups", "forgets the zero point", expect="subtract the zero point before scaling",
+          edit=("return (q.float() - z) * s", "return q.float() * s")),
+    Wrong("dequantize_int4_groups", "adds the zero point", expect="not added",
+          edit=("return (q.float() - z) * s", "return (q.float() + z) * s")),
+    Wrong("dequantize_int4_groups", "subtracts the zero point after scaling", expect="then scale",
+          edit=("return (q.float() - z) * s", "return q.float() * s - z")),
+    Wrong("dequantize_int4_groups", "scales tiled instead of repeated", expect="CONSECUTIVE inputs",
+          edit=("s = scales.float().repeat_interleave(group_size, dim=1)", "s = scales.float().repeat(1, group_size)")),
+    Wrong("dequantize_int4_groups", "returns float64", expect="dtype torch.float64",
+          edit=("return (q.float() - z) * s", "return ((q.float() - z) * s).double()")),
 ]
 
 
-@pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("15_across_processes", WRONG))
+@pytest.mark.parametrize(("assignment_id", "wrong"), wrong_params("15_quantization", WRONG))
 def test_wrong_answer_fails_its_check(assignment_id, wrong):
     assert_wrong_fails(assignment_id, wrong)
