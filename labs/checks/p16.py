@@ -123,6 +123,12 @@ def _mapping_hint(req_ids: list[int], tokens: list[int], table: list[int | None]
     r, k = _request_of_token(tokens, t)
     lora_id, want, have = req_ids[r], int(expected[t]), int(got[t])
     starts = [sum(tokens[:i]) for i in range(len(tokens))]
+    boundary = (f"off by one at a request boundary: token row {t} is request {r}'s token {k} of {tokens[r]}, but "
+                f"the slots come out shifted by one row. Request {r}'s tokens are the {tokens[r]} consecutive rows "
+                f"starting at row {starts[r]} (the tokens of the requests before it come first)")
+    n = expected.shape[0]
+    if n > 1 and (torch.equal(got[1:], expected[:-1]) or torch.equal(got[:-1], expected[1:])):
+        return boundary
     if lora_id == 0 and have >= 0:
         return ("a request with adapter id 0 runs the BASE model: its tokens get -1 (no adapter), not a slot. A slot "
                 "number there would add that slot's adapter to a base request's output")
