@@ -3,6 +3,8 @@
     check_token_lora_indices(compute_token_lora_indices)  vs mini.lora.punica_wrapper.compute_token_lora_indices
     check_lora_shrink(lora_shrink)                        vs mini.lora.ops.torch_ops.lora_shrink
     check_lora_expand(lora_expand)                        vs mini.lora.ops.torch_ops.lora_expand
+    check_lora_admission(admit_waiting_loras)             vs the rule of mini.core.sched.scheduler.Scheduler.schedule
+                                                             (its waiting-queue walk, as `admission_reference`)
 
 Each runs fixed cases first, each built to expose one classic mistake (a base request between two adapter
 requests with an adapter in slot 0, adapter ids that are not slot numbers, a prefill next to decodes, a base
@@ -385,6 +387,111 @@ def check_lora_expand(candidate: Callable, seeds: Iterable[int] = range(8)) -> N
     passed("check_lora_expand", num_cases)
 
 
+# ---------------------------------------------------------------- the scheduler's max_loras rule
+def admission_reference(running_lora_ids: list[int], waiting_lora_ids: list[int], max_loras: int,
+                        num_free_seats: int) -> list[int]:
+    """The waiting-queue walk of mini's `Scheduler.schedule` (vLLM's `scheduled_loras` rule), reduced to adapters:
+    the positions in `waiting_lora_ids` admitted this step, in order."""
+    in_use = {lora_id for lora_id in running_lora_ids if lora_id > 0}
+    admitted: list[int] = []
+    for index, lora_id in enumerate(waiting_lora_ids):
+        if len(admitted) == num_free_seats:
+            break
+        if lora_id > 0 and lora_id not in in_use and len(in_use) >= max_loras:
+            continue   # skipped this step; it keeps its place in the queue
+        admitted.append(index)
+        if lora_id > 0:
+            in_use.add(lora_id)
+    return admitted
+
+
+def _admission_cases(seeds: Iterable[int]) -> list[tuple[list[int], list[int], int, int]]:
+    cases = [
+        # adapter 1 already running; 3 would be a third adapter: skipped, and the walk goes on to the next 2
+        ([1, 0], [2, 0, 1, 3, 2], 2, 5),
+        # one slot, nothing running: 5 takes it, 6 waits, the base requests around it are admitted
+        ([0, 0], [0, 5, 6, 0], 1, 4),
+        # both slots held by running requests (one of them not even scheduled this step): 9 waits, 4 runs
+        ([4, 7, 7], [9, 4, 0], 2, 3),
+        # room for two requests only
+        ([], [1, 2, 3], 3, 2),
+    ]
+    for seed in seeds:
+        rng = random.Random(seed)
+        pool = rng.sample(range(1, 12), 5)
+        max_loras = rng.randint(1, 3)
+        running = [rng.choice([0, *pool[:max_loras]]) for _ in range(rng.randint(0, 4))]
+        waiting = [rng.choice([0, 0, *pool]) for _ in range(rng.randint(1, 9))]
+        cases.append((running, waiting, max_loras, rng.randint(1, len(waiting) + 1)))
+    return cases
+
+
+def _admission_hint(running: list[int], waiting: list[int], max_loras: int, seats: int, expected: list[int],
+                    got: list[int], index: int) -> str:
+    lora_id = waiting[index]
+    if index in expected and index not in got:
+        if lora_id == 0:
+            return ("a request without an adapter (id 0) uses no slot: the limit never holds it back, however many "
+                    "adapters are in use")
+        earlier_skip = [i for i in range(index) if i not in expected and waiting[i] > 0]
+        if earlier_skip and len(got) < len(expected):
+            return ("a request whose adapter does not fit is SKIPPED this step and keeps its place in the queue, but "
+                    f"the walk goes on: waiting request {earlier_skip[-1]} was skipped, and the ones after it may "
+                    f"still fit (base requests, or adapters already in use)")
+        if lora_id in running:
+            return f"adapter {lora_id} is already in use by a running request: one more request of it needs no new slot"
+        return (f"counting the adapters in use must give {max_loras} slots' worth: does your count include the base "
+                f"model (id 0), or stop one adapter short of max_loras = {max_loras}?")
+    if len(got) > seats:
+        return f"only {seats} requests can be admitted this step (num_free_seats): stop the walk there"
+    if lora_id > 0 and lora_id not in running:
+        running_ids = sorted({i for i in running if i > 0})
+        in_use = set(running_ids) | {waiting[i] for i in expected if i < index and waiting[i] > 0}
+        return ("the adapters in use are those of EVERY running request (scheduled this step or not: they hold slots "
+                f"until they finish; here {running_ids or 'none'}) plus each adapter admitted earlier in this walk: "
+                f"when request {index} comes, {sorted(in_use)} are in use, {len(in_use)} of max_loras = {max_loras}, "
+                f"so a request of a new adapter must wait")
+    return f"waiting request {index} (adapter {lora_id}) must wait: its adapter would be one more than max_loras"
+
+
+@graded
+def check_lora_admission(candidate: Callable, seeds: Iterable[int] = range(12)) -> None:
+    what = "admit_waiting_loras(running_lora_ids, waiting_lora_ids, max_loras, num_free_seats)"
+    num_cases = 0
+    for running, waiting, max_loras, seats in _admission_cases(seeds):
+        expected = admission_reference(running, waiting, max_loras, seats)
+        inputs = {"running_lora_ids": running, "waiting_lora_ids": waiting, "max_loras": max_loras,
+                  "num_free_seats": seats}
+        args = (list(running), list(waiting))
+        with calling("admit_waiting_loras", inputs, expected=expected,
+                     hint="the two id lists are plain Python lists (0: no adapter); return a list of positions in "
+                          "waiting_lora_ids"):
+            got = candidate(*args, max_loras, seats)
+        if args != (running, waiting):
+            _fail(what, inputs, "your function changed one of its input lists",
+                  "the queue and the running list belong to the scheduler: read them only")
+        if not isinstance(got, list | tuple) or not all(isinstance(i, int) for i in got):
+            _fail(what, inputs, f"got {got!r}", "return a list of ints: the positions in waiting_lora_ids admitted")
+        got = list(got)
+        if any(not 0 <= i < len(waiting) for i in got) or got != sorted(set(got)):
+            _fail(what, inputs, f"got {got}: positions must be valid indices into waiting_lora_ids ({len(waiting)} "
+                  f"requests), each once, in queue order", "walk the queue front to back and record each admitted "
+                                                           "request's position")
+        if got != expected:
+            k = next((k for k, (e, g) in enumerate(zip(expected, got, strict=False)) if e != g), None)
+            if k is not None:   # the first position where the two walks part: the earlier of the two requests
+                index = min(expected[k], got[k])
+            else:               # one is a prefix of the other: the first request only the longer one admits
+                index = expected[len(got)] if len(expected) > len(got) else got[len(expected)]
+            state = "admitted" if index in expected else "left waiting"
+            _fail(what, inputs,
+                  f"waiting request {index} (adapter {waiting[index]}{' = base model' if waiting[index] == 0 else ''}) "
+                  f"should be {state}\n  expected admitted: {expected}\n  got admitted:      {got}",
+                  _admission_hint(running, waiting, max_loras, seats, expected, got, index))
+        num_cases += 1
+    passed("check_lora_admission", num_cases)
+
+
 # ---------------------------------------------------------------- adapters for "Plug it in"
 PROJECTIONS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
                "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
@@ -432,4 +539,5 @@ PHASE = Phase("16_lora", (
                     "without a Python loop over tokens, from the contract and a traced step"),
     Exercise("lora_shrink", check_lora_shrink, points=2, grade_id="test-lora-shrink", part="lora_shrink"),
     Exercise("lora_expand", check_lora_expand, points=3, grade_id="test-lora-expand", part="lora_expand"),
+    Exercise("admit_waiting_loras", check_lora_admission, points=2, grade_id="test-lora-admission"),
 ))

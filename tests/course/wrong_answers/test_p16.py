@@ -7,6 +7,7 @@ import pytest
 from tests.course.fidelity import Wrong, assert_wrong_fails, wrong_params
 
 MAPPING = "compute_token_lora_indices"
+ADMIT = "admit_waiting_loras"
 SHRINK_LINE = "buffer[rows] = scaling * (x[rows] @ lora_a[slot].T)"
 EXPAND_LINE = "out[rows, slice_offset:slice_offset + n] += buffer[rows] @ lora_b[slot].T"
 
@@ -88,6 +89,22 @@ def lora_expand(out, buffer, lora_b, token_lora_indices, slice_offset):
     out[:, slice_offset:slice_offset + n] += torch.einsum("tr,tnr->tn", buffer, selected)
     return out
 '''),
+    # ---- admit_waiting_loras
+    Wrong(ADMIT, "a skipped request blocks the queue", expect="the walk goes on",
+          edit=("continue   # skipped this step: it keeps its place in the queue", "break")),
+    Wrong(ADMIT, "running requests' adapters not counted", expect="EVERY running request",
+          edit=("in_use = {lora_id for lora_id in running_lora_ids if lora_id > 0}", "in_use = set()")),
+    Wrong(ADMIT, "the base model counted as an adapter", expect="include the base model",
+          edit=("in_use = {lora_id for lora_id in running_lora_ids if lora_id > 0}", "in_use = set(running_lora_ids)")),
+    Wrong(ADMIT, "one adapter too many", expect="must wait",
+          edit=("len(in_use) >= max_loras", "len(in_use) > max_loras")),
+    Wrong(ADMIT, "admitted adapters not put in use", expect="admitted earlier in this walk",
+          edit=("        in_use.add(lora_id)", "        pass")),
+    Wrong(ADMIT, "no limit on the seats", expect="num_free_seats",
+          edit=("if len(admitted) == num_free_seats:", "if False:")),
+    Wrong(ADMIT, "base requests held back when the slots are full", expect="uses no slot",
+          edit=("if lora_id > 0 and lora_id not in in_use and len(in_use) >= max_loras:",
+                "if lora_id not in in_use and len(in_use) >= max_loras:")),
 ]
 
 
