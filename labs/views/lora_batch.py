@@ -92,7 +92,7 @@ def render_lora_batch_text(batch: LoRABatch) -> str:
 def plot_lora_batch(batch: LoRABatch):
     """The token strip coloured by slot, request boundaries marked; below, one line per slot with its rows."""
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Rectangle
 
     def color(slot: int) -> str:
         return BASE_COLOR if slot < 0 else SLOT_COLORS[slot % len(SLOT_COLORS)]
@@ -120,9 +120,6 @@ def plot_lora_batch(batch: LoRABatch):
     per_slot.set_yticks([y + 0.4 for y in range(num_slots + 1)],
                         ["no adapter", *[f"slot {slot}: {name}" for slot, _, name in batch.slots]])
     per_slot.set_xlabel("token rows each slot's shrink and expand touch")
-    strip.legend(handles=[Patch(color=BASE_COLOR, label="base")] +
-                 [Patch(color=color(slot), label=f"slot {slot}") for slot, _, _ in batch.slots],
-                 loc="upper right", fontsize=7, ncol=num_slots + 1, frameon=False)
     figure.tight_layout()
     return figure
 
