@@ -1,13 +1,15 @@
 """Mirrors vllm/outputs.py (RequestOutput, CompletionOutput) and vllm/logprobs.py (Logprob).
 
 What `LLM.generate` returns and what each `LLMEngine.step()` yields: one `RequestOutput` per request,
-holding one `CompletionOutput` per sample (`n` of them). Logprobs use vLLM's layout: a list with one
-entry per token, each a `dict[token_id, Logprob]` holding the sampled token plus the top-k alternatives.
+holding one `CompletionOutput` per sample (`n` of them) and, as vLLM's, the `lora_request` it ran with.
+Logprobs use vLLM's layout: a list with one entry per token, each a `dict[token_id, Logprob]` holding the
+sampled token plus the top-k alternatives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -67,10 +69,12 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict | None = field(default=None, repr=False)
+    lora_request: Any = None   # the request's LoRARequest (mini/lora/request.py), None for the base model
 
     def __repr__(self) -> str:
         return (
             f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
             f"prompt_token_ids={self.prompt_token_ids}, prompt_logprobs={self.prompt_logprobs}, "
-            f"outputs={self.outputs}, finished={self.finished}, num_cached_tokens={self.num_cached_tokens})"
+            f"outputs={self.outputs}, finished={self.finished}, lora_request={self.lora_request}, "
+            f"num_cached_tokens={self.num_cached_tokens})"
         )

@@ -77,11 +77,14 @@ ROLES: tuple[Role, ...] = (
           "mini.worker.input_batch:InputBatch": ("condense",)},
          {"mini.worker.model_runner:ModelRunner": "mini.worker.model_runner:ReferenceModelRunner"}),
     Role("model", "the decoder's own operators, the classes of its layers that hold a tensor-parallel collective, "
-                  "and its quantized weights (rounding to int8 at load, reading a GPTQ checkpoint's 4-bit words)",
+                  "its quantized weights (rounding to int8 at load, reading a GPTQ checkpoint's 4-bit words), and the "
+                  "LoRA layers' token-to-adapter mapping and batched shrink / expand",
          {"mini.model.llama:LlamaForCausalLM": ("rms_norm", "apply_rotary", "RowParallelLinear",
                                                 "VocabParallelEmbedding"),
           "mini.model.quantization.int8:Int8LinearMethod": ("quantize_int8_per_channel",),
-          "mini.model.quantization.gptq:GPTQLinearMethod": ("unpack_int4_rows",)}),
+          "mini.model.quantization.gptq:GPTQLinearMethod": ("unpack_int4_rows",),
+          "mini.lora.punica_wrapper:PunicaWrapper": ("compute_token_lora_indices", "lora_shrink", "lora_expand")},
+         {"mini.lora.punica_wrapper:PunicaWrapper": "mini.lora.punica_wrapper:ReferencePunicaWrapper"}),
     Role("attention", "the attention backend: write K/V into the paged cache, attend over it",
          {"mini.attention.reference:ReferenceAttentionBackend": ("store_kv", "gather_kv", "paged_attention"),
           "mini.attention.triton_paged:TritonAttentionBackend": ("triton_store_kv", "paged_decode",

@@ -47,7 +47,10 @@ documented surface (docs/engine-internals.md, "Internal interfaces"), never by m
   step, from the events mini's opt-in recorder wrote (mini/metrics/message_trace.py; vllm/v1/engine/core.py,
   core_client.py, vllm/v1/executor/multiproc_executor.py); it reads the recorded events only;
 - `sharding`: every tensor-parallel rank's slice of one Llama layer's weights and the collective after each,
-  from the model's config (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py).
+  from the model's config (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py);
+- `lora_batch`: one step of a batch mixing LoRA adapters: each request's adapter and slot, each token's slot, and
+  the token rows each slot's shrink and expand touch (vllm/lora/punica_wrapper/punica_base.py,
+  vllm/lora/model_manager.py); it reads plain data (the step's rows and the slot table) only.
 
 Every widget has a plain-text twin (`text_view`): `widget.text(step=None)` (a step-replay widget: the step its
 slider shows, or any step), which is also the widget's `text/plain` (what GitHub, nbconvert or a front end

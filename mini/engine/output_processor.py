@@ -126,6 +126,7 @@ class RequestState:
     num_cached_tokens: int = 0
     # Speculative decoding: this request's own drafts and accepted drafts (RequestOutput.metrics).
     spec_decoding_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+    lora_request: Any = None   # the adapter it runs with, echoed on every RequestOutput (vLLM's RequestState)
 
     @classmethod
     def from_new_request(
@@ -142,6 +143,7 @@ class RequestState:
             prompt_token_ids=request.prompt_token_ids,
             detokenizer=IncrementalDetokenizer.from_new_request(tokenizer, request, text_detokenizer),
             logprobs_processor=LogprobsProcessor(tokenizer, params.logprobs, params.prompt_logprobs),
+            lora_request=getattr(request, "lora_request", None),
         )
 
     def make_request_output(
@@ -164,7 +166,7 @@ class RequestState:
         return RequestOutput(
             request_id=request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
             prompt_logprobs=prompt_logprobs, outputs=outputs, finished=finished,
-            num_cached_tokens=self.num_cached_tokens,
+            num_cached_tokens=self.num_cached_tokens, lora_request=self.lora_request,
             metrics={"spec_decoding": dataclasses.replace(
                 spec, num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos))} if spec.num_drafts else None,
         )

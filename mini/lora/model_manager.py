@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mini import roles
 from mini.lora.layers import LinearWithLoRA, SharedShrink
 from mini.lora.peft_helper import TARGET_MODULES, load_adapter_weights, target_shapes
 from mini.lora.punica_wrapper import PunicaWrapper
@@ -43,11 +44,13 @@ class LoRAModelManager:
     """Wraps `model`'s projections; `set_active_loras(row_loras, num_scheduled_tokens)` before each forward."""
 
     def __init__(self, model: Any, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, config: Any = None) -> None:
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
-        self.punica = PunicaWrapper(backend or default_lora_backend(self.device), max_loras, max_lora_rank)
+        # the model role's punica parts (mini/roles.py): the fast wrapper, or the reference one with parts replaced
+        self.punica = roles.resolve(config, PunicaWrapper)(backend or default_lora_backend(self.device), max_loras,
+                                                           max_lora_rank)
         self.modules: dict[str, LinearWithLoRA] = {}
         shapes = target_shapes(model.config)
         for index, layer in enumerate(model.model.layers):
@@ -116,11 +119,14 @@ class LoRAModelManager:
             return
         if len(wanted) > self.max_loras:
             raise RuntimeError(f"{len(wanted)} adapters in one step, more than max_loras={self.max_loras}")
-        slot_of = {lora_id: self._activate(lora, set(wanted)) for lora_id, lora in wanted.items()}
-        row_slots = torch.tensor([-1 if lora is None else slot_of[lora.lora_int_id] for lora in row_loras],
-                                 dtype=torch.int64)
-        token_slots = torch.repeat_interleave(row_slots, torch.as_tensor(list(num_scheduled_tokens)))
-        self.punica.set_mapping(token_slots.to(self.device))
+        for lora in wanted.values():
+            self._activate(lora, set(wanted))
+        lora_index_to_id: list[int | None] = [None] * self.max_loras   # slot -> adapter id (vLLM's name)
+        for lora_id, slot in self.slots.items():
+            lora_index_to_id[slot] = lora_id
+        req_lora_ids = torch.tensor([0 if lora is None else lora.lora_int_id for lora in row_loras], dtype=torch.int64)
+        self.punica.update_metadata(req_lora_ids, torch.as_tensor(list(num_scheduled_tokens), dtype=torch.int64),
+                                    lora_index_to_id, self.device)
 
     def clear_mapping(self) -> None:
         self.punica.set_mapping(None)

@@ -109,7 +109,7 @@ class ModelRunner:
         if getattr(config, "enable_lora", False):
             from mini.lora.model_manager import LoRAModelManager
             self.lora_manager = LoRAModelManager(model, config.max_loras, config.max_lora_rank,
-                                                 config.max_cpu_loras)
+                                                 config.max_cpu_loras, config=config)
         compile_model(model, config.compilation_settings)   # torch.compile (mini/compilation.py); mode 0: untouched
 
         shape = model.kv_cache_shape(self.num_blocks, self.block_size)

@@ -62,6 +62,23 @@ def test_mixed_batch_matches_peft_merged_transformers(lora_llm, tiny_llama_dir, 
         assert list(output.outputs[0].token_ids) == expected[name][0][:4], f"adapter {name!r} after cache hits"
 
 
+def test_each_output_names_its_lora_request(lora_llm, lora_adapters):
+    """vLLM's RequestOutput.lora_request (vllm/outputs.py): the adapter the request ran with, None for the base."""
+    a, b = (LoRARequest(name, index + 1, str(lora_adapters[name])) for index, name in enumerate(("a", "b")))
+    chosen = [a, None, b, a]
+    outputs = lora_llm.generate([{"prompt_token_ids": [5, 6, 7]}] * 4, SamplingParams(max_tokens=2),
+                                lora_request=chosen, use_tqdm=False)
+    assert [output.lora_request for output in outputs] == chosen
+    assert "lora_request=LoRARequest(lora_name='a'" in repr(outputs[0])
+    # the engine loop's outputs carry it too
+    lora_llm.llm_engine.add_request("lora-out", {"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2),
+                                    lora_request=b)
+    finished = []
+    while lora_llm.llm_engine.has_unfinished_requests():
+        finished += [output for output in lora_llm.llm_engine.step() if output.finished]
+    assert [(output.request_id, output.lora_request) for output in finished] == [("lora-out", b)]
+
+
 def _copy(adapter, tmp_path, name):
     target = tmp_path / name
     shutil.copytree(adapter, target)

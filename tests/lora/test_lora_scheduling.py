@@ -77,3 +77,24 @@ def test_lora_request_crosses_the_process_boundary_intact():
     for value in (lora, None):
         request = EngineCoreRequest("r", None, [1, 2], Params(max_tokens=2), None, 0.0, lora_request=value)
         assert decode_request(encode(request)).lora_request == value
+
+
+def test_the_course_admission_rule_is_the_schedulers(tiny_llama_dir, lora_adapters):
+    """labs/checks/p16.py grades phase 16's admission exercise against `admission_reference`: it must say what the
+    scheduler does (two slots, three adapters and base requests, queue order kept for the one left waiting)."""
+    from labs.checks.p16 import admission_reference
+
+    llm = LLM(model=str(tiny_llama_dir), enable_lora=True, max_loras=2, max_lora_rank=8, skip_tokenizer_init=True)
+    engine = llm.llm_engine
+    loras = {index + 1: LoRARequest(name, index + 1, str(path))
+             for index, (name, path) in enumerate(lora_adapters.items())}
+    waiting = [1, 2, 3, 0, 1, 3]
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    for index, lora_id in enumerate(waiting):
+        engine.add_request(str(index), {"prompt_token_ids": [1, 2, 3]}, params, lora_request=loras.get(lora_id))
+    engine.step()
+    admitted = sorted(int(r.request_id) for r in engine.scheduler.running)
+    assert admitted == admission_reference([], waiting, 2, len(waiting)) == [0, 1, 3, 4]
+    assert [r.request_id for r in engine.scheduler.waiting] == ["2", "5"]
+    while engine.has_unfinished_requests():
+        engine.step()

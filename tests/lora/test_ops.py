@@ -45,7 +45,8 @@ def test_torch_ops_equal_reference(slots, grouped_min_tokens, monkeypatch):
     torch.testing.assert_close(got, expected)
     assert punica.active == any(s >= 0 for s in slots)
     groups = torch_ops.group_tokens(token_slots)   # the grouped ops: one matmul pair per slot
-    grouped = torch_ops.lora_expand(out.clone(), torch_ops.lora_shrink(x, lora_a, groups), lora_b, groups)
+    grouped = torch_ops.lora_expand_grouped(out.clone(), torch_ops.lora_shrink_grouped(x, lora_a, groups), lora_b,
+                                            groups)
     torch.testing.assert_close(grouped, expected)
 
 
@@ -76,3 +77,45 @@ def test_triton_kernel_equals_reference():
     assert torch.equal(buffer[2].cpu(), torch.zeros(4)), "a token without an adapter gets no work"
     with pytest.raises(ValueError, match="shapes do not fit"):
         triton_ops.lora_shrink(x.to(device), lora_a.to(device), slots[:3].to(device))
+
+
+def test_token_lora_indices_map_each_request_to_its_slot():
+    from mini.lora.punica_wrapper import compute_token_lora_indices
+    got = compute_token_lora_indices(torch.tensor([7, 0, 2, 7]), torch.tensor([3, 1, 2, 1]), [7, None, 2])
+    assert got.tolist() == [0, 0, 0, -1, 2, 2, 0] and got.dtype == torch.int64
+    assert compute_token_lora_indices(torch.tensor([0, 0]), torch.tensor([2, 1]), [None, None]).tolist() == [-1] * 3
+
+
+@pytest.mark.parametrize("slice_offset", [0, 3])
+def test_per_token_shrink_and_expand_equal_the_reference(slice_offset):
+    x, lora_a, lora_b, out, slots = _case()
+    wide = torch.cat([torch.randn(len(slots), slice_offset), out, torch.randn(len(slots), 2)], dim=1)
+    got = wide.clone()
+    torch_ops.lora_expand(got, torch_ops.lora_shrink(x, lora_a, slots, 0.5), lora_b, slots, slice_offset)
+    expected = wide.clone()
+    expected[:, slice_offset:slice_offset + out.shape[1]] = torch_ops.add_lora_reference(
+        out, x, lora_a, lora_b * 0.5, slots)
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_replaced_punica_part_builds_the_reference_wrapper_that_calls_it():
+    from mini import roles
+    from mini.config import EngineConfig
+    from mini.lora.punica_wrapper import ReferencePunicaWrapper
+    calls = []
+
+    def lora_shrink(x, lora_a, token_lora_indices, scaling):
+        calls.append(x.shape[0])
+        return torch_ops.lora_shrink(x, lora_a, token_lora_indices, scaling)
+
+    assert roles.resolve(EngineConfig(), PunicaWrapper) is PunicaWrapper
+    cls = roles.resolve(EngineConfig(parts={"lora_shrink": lora_shrink}), PunicaWrapper)
+    assert issubclass(cls, ReferencePunicaWrapper)
+    x, lora_a, lora_b, out, slots = _case()
+    punica = cls("torch", max_loras=3, max_lora_rank=4)
+    punica.update_metadata(torch.tensor([1, 0, 3]), torch.tensor([3, 2, 4]), [None, 1, 3])
+    assert punica.token_slots.tolist() == [1, 1, 1, -1, -1, 2, 2, 2, 2]
+    got = out.clone()
+    punica.add_lora(got, x, lora_a, lora_b)
+    torch.testing.assert_close(got, torch_ops.add_lora_reference(out, x, lora_a, lora_b, punica.token_slots))
+    assert calls == [9]

@@ -9,6 +9,9 @@ matmuls per layer and copies no weights. Slot -1 means "no adapter": those rows 
     shrink:  buffer[t] = x[t] @ lora_a[slot[t]].T          [T, in] -> [T, r]
     expand:  out[t]   += buffer[t] @ lora_b[slot[t]].T      [T, r]  -> [T, out]   (B already holds the scaling)
 
+`lora_shrink` / `lora_expand` are the per-token definition in that form (vLLM's "bgmv" ops, each token's A and B
+gathered): what the reference punica wrapper runs when a course exercise replaces one of them.
+
 The engine's CPU path (`lora_shrink_stacked` / `lora_expand_stacked`) goes further: every slot's A stacked
 into one `[max_loras * r, in]` matrix, so ONE matmul shrinks every token through every slot, a 0/1 mask built
 once per step keeps each token's own slot's r columns, and ONE matmul expands: three ops per layer whatever
@@ -29,14 +32,14 @@ def group_tokens(token_slots: torch.Tensor) -> list[tuple[int, torch.Tensor | No
     return [(slot, torch.nonzero(token_slots == slot).flatten()) for slot in slots]
 
 
-def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, groups: list[tuple[int, torch.Tensor | None]]
-                ) -> list[torch.Tensor]:
+def lora_shrink_grouped(x: torch.Tensor, lora_a: torch.Tensor, groups: list[tuple[int, torch.Tensor | None]]
+                        ) -> list[torch.Tensor]:
     """For each group, its tokens' `x @ A[slot].T` (`lora_a`: `[max_loras, max_rank, in]`)."""
     return [(x if rows is None else x[rows]) @ lora_a[slot].T for slot, rows in groups]
 
 
-def lora_expand(out: torch.Tensor, shrunk: list[torch.Tensor], lora_b: torch.Tensor,
-                groups: list[tuple[int, torch.Tensor | None]]) -> torch.Tensor:
+def lora_expand_grouped(out: torch.Tensor, shrunk: list[torch.Tensor], lora_b: torch.Tensor,
+                        groups: list[tuple[int, torch.Tensor | None]]) -> torch.Tensor:
     """`out[rows] += shrunk @ B[slot].T` for each group, in place (`lora_b`: `[max_loras, out, max_rank]`)."""
     for (slot, rows), buffer in zip(groups, shrunk, strict=True):
         delta = buffer @ lora_b[slot].T
@@ -44,6 +47,32 @@ def lora_expand(out: torch.Tensor, shrunk: list[torch.Tensor], lora_b: torch.Ten
             out += delta
         else:
             out.index_add_(0, rows, delta)
+    return out
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, token_lora_indices: torch.Tensor,
+                scaling: float = 1.0) -> torch.Tensor:
+    """`[T, in]` -> `[T, max_rank]`: row t is `scaling * x[t] @ lora_a[s].T` with s its slot, zero for slot -1.
+
+    The readable per-token shrink (vLLM: `bgmv_shrink` in vllm/lora/ops/torch_ops/lora_ops.py, which also takes
+    the scaling): what the reference punica wrapper calls, and what the course's phase 16 asks for."""
+    has_lora = token_lora_indices >= 0
+    selected = lora_a[token_lora_indices.clamp(min=0)]                     # [T, r, in]: each token's own A
+    buffer = torch.einsum("ti,tri->tr", x.to(lora_a.dtype), selected) * scaling
+    return buffer.masked_fill(~has_lora[:, None], 0.0)
+
+
+def lora_expand(out: torch.Tensor, buffer: torch.Tensor, lora_b: torch.Tensor, token_lora_indices: torch.Tensor,
+                slice_offset: int = 0) -> torch.Tensor:
+    """`out[t, slice_offset : slice_offset + n] += buffer[t] @ lora_b[s].T` in place for every token with a slot
+    s >= 0 (`lora_b` `[max_loras, n, max_rank]`); rows with slot -1 and columns outside the slice untouched.
+
+    The readable per-token expand (vLLM: `bgmv_expand_slice`, the same file)."""
+    has_lora = token_lora_indices >= 0
+    selected = lora_b[token_lora_indices.clamp(min=0)]                     # [T, n, r]: each token's own B
+    delta = torch.einsum("tr,tnr->tn", buffer.to(lora_b.dtype), selected)
+    delta = delta.masked_fill(~has_lora[:, None], 0.0).to(out.dtype)
+    out[:, slice_offset:slice_offset + lora_b.shape[1]] += delta
     return out
 
 
