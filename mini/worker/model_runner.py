@@ -144,7 +144,6 @@ class ModelRunner:
         """Bring `self.requests` and the persistent batch in line with the scheduler's decisions."""
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
-            self.lora_requests.pop(req_id, None)
             self.input_batch.remove_request(req_id)
         scheduled = scheduler_output.num_scheduled_tokens
         for req_id in list(self.input_batch.req_id_to_index):
@@ -164,7 +163,6 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
             )
             self.requests[new.req_id] = state
-            self.lora_requests[new.req_id] = getattr(new, "lora_request", None)
             to_add.append(state)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed in zip(
@@ -216,6 +214,16 @@ class ModelRunner:
         metadata = self.build_attention_metadata(inputs, max_query_len=max(scheduled), max_seq_len=max(seq_lens))
         return inputs, metadata, seq_lens
 
+    def _update_lora_requests(self, scheduler_output: SchedulerOutput) -> None:
+        """Each running request's adapter. vLLM keeps it in `CachedRequestState.lora_request`; mini keeps it beside
+        the state, so `update_states`, a part a learner writes before LoRA exists (phase 04), knows nothing of it."""
+        if self.lora_manager is None:
+            return
+        for req_id in scheduler_output.finished_req_ids:
+            self.lora_requests.pop(req_id, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            self.lora_requests[new.req_id] = getattr(new, "lora_request", None)
+
     # ------------------------------------------------------------------ 3-5. the step
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None,
@@ -223,6 +231,7 @@ class ModelRunner:
         # A step observer's trace (mini/metrics/step_trace.py) gets this step's BatchUpdate and flat inputs.
         self.input_batch.batch_update_listener = None if trace is None else trace.record_batch_update
         self.update_states(scheduler_output)
+        self._update_lora_requests(scheduler_output)
         states = self.input_batch.occupied_requests()
         if self.drafter is not None:  # speculative decoding: this step's drafts (none ever without a drafter)
             for state in states:
