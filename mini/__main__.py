@@ -32,6 +32,7 @@ BENCHMARKS = {
     "async_scheduling": "mini.bench.async_scheduling",
     "lora": "mini.bench.lora",
     "ppl": "mini.bench.ppl",
+    "agreement": "mini.bench.agreement",
 }
 
 
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
                    help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|"
-                        "compile|distributed|async_scheduling|lora|ppl] [--help | options]` (engine by default)")
+                        "compile|distributed|async_scheduling|lora|ppl|agreement] [--help | options]` "
+                        "(engine by default)")
     return parser
 
 

@@ -104,10 +104,10 @@ def test_method_apply_matches_dequantized_reference(config, dtype):
 
 # How many of the 4 first greedy tokens must match float32 on this random model (its logits are peaked, yet
 # 4-bit groups move them by a few tenths: 2 of 4 seen; int8's error is about 16x smaller: 4 of 4 seen).
-MIN_FIRST_TOKENS_EQUAL = {"int8_per_channel_weight_only": 4, "gptq": 2}
+MIN_FIRST_TOKENS_EQUAL = {"int8_per_channel_weight_only": 4, "int8_per_token": 3, "gptq": 2}
 
 
-@pytest.mark.parametrize("quantization", QUANTIZATION_METHODS)
+@pytest.mark.parametrize("quantization", [name for name in QUANTIZATION_METHODS if name != "gguf"])   # test_gguf.py
 def test_engine_runs_each_scheme_and_mostly_agrees_with_float(tiny_dir, quantization):
     float_out = LLM(model=str(tiny_dir), skip_tokenizer_init=True).generate(PROMPTS, GREEDY, use_tqdm=False)
     quant_llm = LLM(model=str(tiny_dir), skip_tokenizer_init=True, quantization=quantization)
