@@ -3,7 +3,8 @@
 Mirrors vLLM's CPU int8 W8A8 path: vllm/model_executor/layers/quantization/compressed_tensors/schemes/
 compressed_tensors_w8a8_int8.py (`CompressedTensorsW8A8Int8`: symmetric per-channel int8 weights, dynamic
 per-token int8 activations) run by vllm/model_executor/kernels/linear/scaled_mm/cpu.py
-(`CPUInt8ScaledMMLinearKernel`: `ops.scaled_int8_quant` on the input, then oneDNN's int8 GEMM, then the two scales).
+(`CPUInt8ScaledMMLinearKernel`: `ops.onednn_scaled_int8_quant` on the input, then oneDNN's int8 GEMM, then the
+two scales).
 
     s_x[m] = max_k |x[m, k]| / 127           one scale per token (row of the batch), computed at every call
     x_q    = round(x / s_x)                  int8
@@ -43,7 +44,7 @@ class Int8PerTokenConfig(QuantizationConfig):
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[M, K]` float -> (int8 `[M, K]`, float32 scales `[M, 1]`), symmetric per row (vLLM: scaled_int8_quant)."""
+    """`[M, K]` float -> (int8 `[M, K]`, float32 scales `[M, 1]`), symmetric per row (vLLM's dynamic quant)."""
     x = x.float()
     scales = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-10).div_(127.0)
     return torch.round(x / scales).to(torch.int8), scales
