@@ -49,7 +49,7 @@ def kernels(n: int, k: int) -> dict:
     planes = [pack_plane(q4, 16 * d, -128 * d), pack_plane(q4, d, torch.zeros_like(d))]
 
     def int4(x, p):
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, p[0], BLOCK_SIZE, p[2])
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, p[0], BLOCK_SIZE, p[1])
 
     return {"bf16": lambda x: torch.nn.functional.linear(x, w_bf16),
             "int8_wo": lambda x: torch.ops.aten._weight_int8pack_mm(x, w_q, w_s_bf16),

@@ -93,7 +93,7 @@ def load_model(
         raise ValueError(f"model_dir {str(folder)!r} has no config.json (need a Hugging Face model folder)")
     hf_config = read_hf_config(folder)
     if quantization == "gguf":   # the blocks of the folder's GGUF file (mini/model/quantization/gguf.py)
-        reader, quant_config = open_gguf_checkpoint(folder, hf_config)
+        reader, quant_config = open_gguf_checkpoint(folder, hf_config, torch_dtype)
     else:
         quant_config = resolve_quant_config(quantization, hf_config)
         weight_files = find_safetensors_files(folder)
@@ -113,7 +113,7 @@ def load_model(
     return model.eval(), hf_config
 
 
-def open_gguf_checkpoint(folder: Path, hf_config: Any) -> tuple[Any, GGUFConfig]:
+def open_gguf_checkpoint(folder: Path, hf_config: Any, dtype: torch.dtype) -> tuple[Any, GGUFConfig]:
     """The GGUF file behind `folder` (mini/model/gguf_loader.py `gguf_source`), opened, and its `GGUFConfig`."""
     path = gguf_source(folder)
     if path is None:
@@ -122,7 +122,7 @@ def open_gguf_checkpoint(folder: Path, hf_config: Any) -> tuple[Any, GGUFConfig]
     if getattr(hf_config, "quantization_config", None):
         raise ValueError("quantization='gguf' does not match the folder's config.json quantization_config")
     reader = open_gguf(path)
-    return reader, GGUFConfig.from_reader(path, reader, hf_config)
+    return reader, GGUFConfig.from_reader(path, reader, hf_config, dtype)
 
 
 def gguf_quantized_names(model: torch.nn.Module) -> set[str]:

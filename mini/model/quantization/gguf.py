@@ -11,6 +11,7 @@ as two 4-bit planes of the same blocks. With float32 activations the scale table
 kernel multiplies are the `gguf` package's dequantized values bit for bit. With bfloat16 activations the kernel
 wants its table in bfloat16, so d (a float16) loses 3 bits there, the same order as the activations' own
 rounding. float32 is the exact mode and a slow one (PyTorch's float32 int4 path); bfloat16 is the serving mode.
+The table is built once, in the model's dtype (`params_dtype`, as vLLM's `create_weights` receives it).
 
 Which file: the model folder's `*.gguf`, or the GGUF a packaged model was converted from
 (mini/model/gguf_loader.py `gguf_source`); the config (`config.json`) and tokenizer come from the folder as usual.
@@ -40,10 +41,12 @@ class GGUFConfig(QuantizationConfig):
     """The GGUF types of one file's tensors (`tensor_types`: mini's name -> (type, shape `[out, in]`))."""
 
     def __init__(self, gguf_path: str | Path, tensor_types: dict[str, tuple[str, tuple[int, ...]]],
-                 tie_word_embeddings: bool = False) -> None:
+                 tie_word_embeddings: bool = False, params_dtype: torch.dtype = torch.bfloat16) -> None:
         self.gguf_path = Path(gguf_path)
         self.tensor_types = dict(tensor_types)
         self.tie_word_embeddings = bool(tie_word_embeddings)
+        # the model's dtype (vLLM passes it to create_weights): float32 -> the exact float32 kernel, else bfloat16
+        self.kernel_dtype = torch.float32 if params_dtype == torch.float32 else KERNEL_DTYPE
 
     @classmethod
     def get_name(cls) -> str:
@@ -55,11 +58,12 @@ class GGUFConfig(QuantizationConfig):
                          "holding one, or a packaged GGUF model (HuggingFaceTB/SmolLM2-135M-Instruct) as model=")
 
     @classmethod
-    def from_reader(cls, gguf_path: str | Path, reader: Any, hf_config: Any) -> GGUFConfig:
+    def from_reader(cls, gguf_path: str | Path, reader: Any, hf_config: Any,
+                    params_dtype: torch.dtype = torch.bfloat16) -> GGUFConfig:
         from mini.model.gguf_weights import tensor_infos
 
         types = {name: (info.type_name, info.shape) for name, info in tensor_infos(reader).items()}
-        return cls(gguf_path, types, bool(getattr(hf_config, "tie_word_embeddings", False)))
+        return cls(gguf_path, types, bool(getattr(hf_config, "tie_word_embeddings", False)), params_dtype)
 
     def tensor_name(self, prefix: str) -> str:
         """The file's tensor behind layer `prefix` (a tied LM head: the embedding)."""
@@ -107,25 +111,24 @@ class GGUFLinearMethod(QuantizeMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         planes = decode_blocks(layer.qweight.data, self.type_name)
         del layer.qweight
-        layer.gguf_planes = [pack_plane(q, scales, offsets) for q, scales, offsets in planes]
+        layer.gguf_planes = [pack_plane(q, scales, offsets, self.config.kernel_dtype) for q, scales, offsets in planes]
         layer.quant_out_features = planes[0][0].shape[0]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        exact = x.dtype == torch.float32
-        flat = x.reshape(-1, x.shape[-1])
-        flat = flat if exact else flat.to(KERNEL_DTYPE)
+        flat = x.reshape(-1, x.shape[-1]).to(self.config.kernel_dtype)
         out = None
-        for packed, table_f32, table_bf16 in layer.gguf_planes:
-            part = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, BLOCK_SIZE,
-                                                              table_f32 if exact else table_bf16)
+        for packed, table in layer.gguf_planes:
+            part = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, BLOCK_SIZE, table)
             out = part if out is None else out + part
         out = out.to(x.dtype).reshape(*x.shape[:-1], layer.quant_out_features)
         return out if bias is None else out + bias
 
 
-def pack_plane(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(q int32 `[N, K]`, scales, offsets `[N, K/32]`, `w = q * scale + offset`) -> (packed weight, float32 table,
-    bfloat16 table): the kernel computes `(q - 8) * scale + zero`, so `zero = offset + 8 * scale`."""
+def pack_plane(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+               dtype: torch.dtype = KERNEL_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int32 `[N, K]`, scales, offsets `[N, K/32]`, `w = q * scale + offset`) -> (packed weight, scale table in
+    `dtype`, the activations' dtype): the kernel computes `(q - 8) * scale + zero`, so `zero = offset + 8 * scale`
+    (computed in float32, where it is exact). In bfloat16: half a byte per weight and 4 bytes per 32, Q4_1's size."""
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
-    table = torch.stack([scales.t(), (offsets + 8.0 * scales).t()], dim=-1).float().contiguous()
-    return packed, table, table.to(KERNEL_DTYPE).contiguous()
+    table = torch.stack([scales.t(), (offsets + 8.0 * scales).t()], dim=-1).float()
+    return packed, table.to(dtype).contiguous()

@@ -158,6 +158,10 @@ def test_bfloat16_kernel_stays_close_to_the_stored_values(tiny_gguf):
     got = layer.quant_method.apply(layer, torch.eye(want.shape[1], dtype=torch.bfloat16)).t().float()
     # the scale table in bfloat16 (8 mantissa bits), then a bfloat16 output: a few 2^-8 of each weight's size
     assert float((got - want).abs().max()) <= 2 ** -6 * float(want.abs().max())
+    (packed, table), = layer.gguf_planes   # one table, in the model's dtype: the layer holds Q4_1's 20 bytes per 32
+    n, k = want.shape
+    assert table.dtype == torch.bfloat16
+    assert packed.numel() * packed.element_size() + table.numel() * table.element_size() == n * k * 20 // 32
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
