@@ -1,6 +1,6 @@
 """The benchmark tables of docs/: rendered from the result files, never typed by hand.
 
-In a guide, a table is a block
+In a guide (docs/*.md, and README.md), a table is a block
 
     <!-- benchmark-table: engine -->
     ...generated...
@@ -78,7 +78,9 @@ def render_text(text: str, tables: dict[str, list[ResultFile]]) -> str:
 
 
 def guides(docs_dir: Path = DOCS_DIR) -> list[Path]:
-    return sorted(docs_dir.glob("*.md"))
+    """Every guide of docs/, and the README (which shows the quantization tables too)."""
+    readme = docs_dir.parent / "README.md"
+    return sorted(docs_dir.glob("*.md")) + ([readme] if readme.is_file() else [])
 
 
 def main(argv: list[str] | None = None) -> int:

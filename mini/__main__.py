@@ -32,6 +32,8 @@ BENCHMARKS = {
     "async_scheduling": "mini.bench.async_scheduling",
     "lora": "mini.bench.lora",
     "ppl": "mini.bench.ppl",
+    "agreement": "mini.bench.agreement",
+    "quant_kernels": "mini.bench.quant_kernels",
 }
 
 
@@ -60,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an OpenAI-compatible HTTP server: `serve [MODEL] [--host H] [--port P] [--help | options]`")
     sub.add_parser("bench", add_help=False,
                    help="benchmarks: `bench [engine|sampler|attention|prefix|structured|serve|spec|profile|gpu|"
-                        "compile|distributed|async_scheduling|lora|ppl] [--help | options]` (engine by default)")
+                        "compile|distributed|async_scheduling|lora|ppl|agreement|quant_kernels] [--help | options]` "
+                        "(engine by default)")
     return parser
 
 

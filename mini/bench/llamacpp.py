@@ -56,11 +56,14 @@ def gguf_file_for(model: str | None) -> str:
 
 
 def matching_llamacpp_weights(args: argparse.Namespace) -> str:
-    """The llama.cpp type of the same precision as mini's run: q4_0, q8_0, bf16 or f32."""
+    """The llama.cpp type of the same precision as mini's run: q4_0, q8_0, bf16 or f32; for mini's `gguf`, the
+    file as stored (both then multiply the same blocks)."""
     quantization = getattr(args, "quantization", None)
+    if quantization == "gguf":
+        return "gguf"
     if quantization == "gptq":
         return "q4_0"
-    if quantization == "int8_per_channel_weight_only":
+    if quantization in ("int8_per_channel_weight_only", "int8_per_token"):
         return "q8_0"
     return "bf16" if args.dtype == "bfloat16" else "f32"
 

@@ -10,6 +10,9 @@ token given the ones before it), once per scheme:
     float32, bfloat16                      the float weights at that precision
     int8  (int8_per_channel_weight_only)   int8 weights, a scale per output row, bfloat16 activations
     int4  (gptq, group 32)                 4-bit weights rounded to nearest in groups of 32, bfloat16 activations
+    w8a8  (int8_per_token)                 int8 weights per row and int8 activations per token (torch._int_mm)
+    gguf  (gguf)                           a GGUF model's own blocks (SmolLM2: Q4_1 layers, Q8_0 head), bfloat16;
+                                           only with `--schemes ... gguf` and a GGUF model
 `--transformers` adds transformers' own float32 and bfloat16 scores of the same windows (the reference the
 float rows should match). Last line: `ppl_ratio_vs_float32 <scheme>=X.XXX ...` (1.000: no loss).
 """
@@ -31,7 +34,10 @@ SCHEMES = {   # label: (dtype, quantization)
     "bfloat16": ("bfloat16", None),
     "int8": ("bfloat16", "int8_per_channel_weight_only"),
     "int4": ("bfloat16", "gptq"),
+    "gguf": ("bfloat16", "gguf"),
+    "w8a8": ("bfloat16", "int8_per_token"),
 }
+DEFAULT_SCHEMES = ("float32", "bfloat16", "int8", "w8a8", "int4")   # gguf needs a GGUF model: asked for by name
 
 
 def windows_of(token_ids: list[int], window: int) -> list[list[int]]:
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini bench ppl", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="as LLM(model=...) (default: the shipped tiny model)")
     parser.add_argument("--window", type=int, default=256, help="tokens per scored window")
-    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=list(DEFAULT_SCHEMES), choices=list(SCHEMES))
     parser.add_argument("--transformers", action="store_true", help="also transformers' float32 and bfloat16")
     args = parser.parse_args(argv)
     from mini import LLM

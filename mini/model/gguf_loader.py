@@ -85,6 +85,21 @@ def hf_folder_for_gguf(gguf_path: str | Path) -> Path:
     return folder
 
 
+def gguf_source(folder: str | Path) -> Path | None:
+    """The GGUF file a model folder stands for: its only `*.gguf` file, else the file it was converted from
+    (its marker), else None. `quantization="gguf"` reads the blocks from there (mini/model/gguf_weights.py)."""
+    folder = Path(folder)
+    inside = sorted(folder.glob(f"*{GGUF_SUFFIX}"))
+    if len(inside) == 1:
+        return inside[0]
+    marker = folder / MARKER_FILE
+    if not inside and marker.is_file():
+        source = Path(json.loads(marker.read_text())["gguf_path"])
+        if source.is_file() and is_converted(folder, source):
+            return source
+    return None
+
+
 def convert_gguf(gguf_path: Path, folder: Path) -> None:
     """Dequantize `gguf_path` with transformers and write a float32 HF folder at `folder` (atomically)."""
     _check_gguf_package(gguf_path)

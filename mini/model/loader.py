@@ -25,9 +25,12 @@ from safetensors import safe_open
 
 from mini import roles
 from mini.attention import build_attention_backend
+from mini.model.gguf_loader import gguf_source
+from mini.model.gguf_weights import iterate_gguf, open_gguf
 from mini.model.llama import LlamaForCausalLM
 from mini.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from mini.model.quantization import QuantizationConfig, resolve_quant_config
+from mini.model.quantization.gguf import GGUFConfig, GGUFLinearMethod
 from mini.model.vocab_parallel_embedding import ParallelLMHead
 
 DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,7 +83,8 @@ def load_model(
     `config`: the engine's EngineConfig, whose `parts` pick the model's and the backend's classes (None: none).
     `quantization` (or the checkpoint's `quantization_config`) picks a scheme of mini/model/quantization/: its
     methods are attached to the meta-device model, checking every layer's shape before any weight is read, and
-    pack the weights once they are loaded (vLLM: `process_weights_after_loading`)."""
+    pack the weights once they are loaded (vLLM: `process_weights_after_loading`). `quantization="gguf"` reads
+    every tensor from the folder's GGUF file instead of safetensors, its blocks kept (mini/model/gguf_weights.py)."""
     folder = Path(model_dir)
     torch_dtype = resolve_dtype(dtype)
     if not folder.is_dir():
@@ -88,8 +92,11 @@ def load_model(
     if not (folder / "config.json").is_file():
         raise ValueError(f"model_dir {str(folder)!r} has no config.json (need a Hugging Face model folder)")
     hf_config = read_hf_config(folder)
-    quant_config = resolve_quant_config(quantization, hf_config)
-    weight_files = find_safetensors_files(folder)
+    if quantization == "gguf":   # the blocks of the folder's GGUF file (mini/model/quantization/gguf.py)
+        reader, quant_config = open_gguf_checkpoint(folder, hf_config, torch_dtype)
+    else:
+        quant_config = resolve_quant_config(quantization, hf_config)
+        weight_files = find_safetensors_files(folder)
 
     backend = build_attention_backend(attention_backend, config)
     with torch.device("meta"):  # no time spent on random init: every tensor comes from the checkpoint
@@ -98,9 +105,30 @@ def load_model(
     model.to(torch_dtype)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own storage; share the tied weight again
-    load_weights(model, iterate_checkpoint(weight_files))
+    if quantization == "gguf":
+        load_weights(model, iterate_gguf(reader, hf_config, gguf_quantized_names(model)))
+    else:
+        load_weights(model, iterate_checkpoint(weight_files))
     process_weights_after_loading(model)
     return model.eval(), hf_config
+
+
+def open_gguf_checkpoint(folder: Path, hf_config: Any, dtype: torch.dtype) -> tuple[Any, GGUFConfig]:
+    """The GGUF file behind `folder` (mini/model/gguf_loader.py `gguf_source`), opened, and its `GGUFConfig`."""
+    path = gguf_source(folder)
+    if path is None:
+        raise ValueError(f"quantization='gguf' needs a GGUF model: {str(folder)!r} holds no single *.gguf file and "
+                         "was not converted from one (pass model=a .gguf file or a packaged GGUF model)")
+    if getattr(hf_config, "quantization_config", None):
+        raise ValueError("quantization='gguf' does not match the folder's config.json quantization_config")
+    reader = open_gguf(path)
+    return reader, GGUFConfig.from_reader(path, reader, hf_config, dtype)
+
+
+def gguf_quantized_names(model: torch.nn.Module) -> set[str]:
+    """`<layer>.weight` of every layer that holds GGUF blocks (the others read floats from the file)."""
+    return {f"{prefix}.weight" for prefix, module in model.named_modules()
+            if isinstance(getattr(module, "quant_method", None), GGUFLinearMethod)}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:

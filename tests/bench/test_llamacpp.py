@@ -153,3 +153,4 @@ def test_matching_weights_follow_minis_precision():
     assert llamacpp.matching_llamacpp_weights(args("bfloat16", None)) == "bf16"
     assert llamacpp.matching_llamacpp_weights(args("bfloat16", "int8_per_channel_weight_only")) == "q8_0"
     assert llamacpp.matching_llamacpp_weights(args("bfloat16", "gptq")) == "q4_0"
+    assert llamacpp.matching_llamacpp_weights(args("bfloat16", "gguf")) == "gguf"   # the same blocks as stored

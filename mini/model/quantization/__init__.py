@@ -3,6 +3,8 @@
     quantization=                  weights                                  CPU kernel (cpu_kernels.py)
     int8_per_channel_weight_only   int8, a scale per output row (online)    _weight_int8pack_mm, bf16 activations
     gptq                           4-bit, groups of 32..256 inputs          _weight_int4pack_mm_for_cpu, bf16 acts
+    gguf                           a GGUF file's Q4_0/Q4_1/Q8_0 blocks      _weight_int4pack_mm_for_cpu (gguf.py)
+    int8_per_token                 int8 per channel + int8 activations      torch._int_mm (W8A8, mini's name)
 
 A scheme comes from `LLM(quantization=...)` / `--quantization` or from the checkpoint's `quantization_config`
 (`resolve_quant_config`). The model is built on the meta device, then `attach_quant_methods`
@@ -18,17 +20,20 @@ from typing import Any
 
 from mini.model.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
-QUANTIZATION_METHODS: tuple[str, ...] = ("gptq", "int8_per_channel_weight_only")
+QUANTIZATION_METHODS: tuple[str, ...] = ("gguf", "gptq", "int8_per_channel_weight_only", "int8_per_token")
 
 
 def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
     """The config class of a scheme name (imported lazily, as vLLM's)."""
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got {quantization!r}")
+    from mini.model.quantization.gguf import GGUFConfig
     from mini.model.quantization.gptq import GPTQConfig
     from mini.model.quantization.int8 import Int8PerChannelWeightOnlyConfig
+    from mini.model.quantization.int8_per_token import Int8PerTokenConfig
 
-    return {"gptq": GPTQConfig, "int8_per_channel_weight_only": Int8PerChannelWeightOnlyConfig}[quantization]
+    return {"gguf": GGUFConfig, "gptq": GPTQConfig, "int8_per_channel_weight_only": Int8PerChannelWeightOnlyConfig,
+            "int8_per_token": Int8PerTokenConfig}[quantization]
 
 
 def check_quantization_args(quantization: str | None, device: str, tensor_parallel_size: int) -> None:

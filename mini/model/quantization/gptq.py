@@ -8,8 +8,10 @@ repacks into PyTorch's CPU int4 layout (cpu_kernels.py); `apply` is `_weight_int
 
 Where mini differs: vLLM serves GPTQ only from a GPTQ checkpoint. mini also accepts `quantization="gptq"` on a
 float checkpoint: the float weights are loaded, then rounded to nearest into 4-bit groups of 32 with a float
-minimum, as llama.cpp's Q4_1 blocks (`quantize_int4_groups_min`; exact on weights that came from Q4_1) and the LM
-head gets a quantized copy (vLLM: online/lm_head.py); this is
+minimum, as llama.cpp's Q4_1 blocks (`quantize_int4_groups_min`; exact on weights that came from Q4_1). The LM
+head gets an 8-bit copy instead (vLLM: online/lm_head.py; W8A8, int8_per_token.py), as llama.cpp keeps its output
+matrix at 6-8 bits and SmolLM2's GGUF ships it as Q8_0: on SmolLM2 a 4-bit head cost 6.9 % of perplexity, an
+8-bit one 0.8 % in all (docs/quantization.md), and the W8A8 head is also the faster one at batch 8. This is
 what `python -m mini bench ppl` and the llama.cpp comparison measure. No act-order (`desc_act`), 4 bits only,
 CPU only (`python -m mini bench gpu` runs the Triton dequant-matmul of triton_int4.py on CUDA).
 """
@@ -24,6 +26,7 @@ from torch import nn
 from mini.model.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from mini.model.quantization.common import drop_float_weight, is_lm_head, register_packed, weight_shape
 from mini.model.quantization.cpu_kernels import INT4_GROUP_SIZES, INT4_N_MULTIPLE, int4_linear, pack_int4_for_cpu
+from mini.model.quantization.int8_per_token import Int8PerTokenLinearMethod
 from mini.model.quantization.quant_utils import PACK_FACTOR, quantize_int4_groups_min, unpack_gptq, unpack_int4_rows
 
 ONLINE_GROUP_SIZE = 32
@@ -60,6 +63,8 @@ class GPTQConfig(QuantizationConfig):
                    from_checkpoint=True)
 
     def check_layer(self, layer: nn.Module, prefix: str) -> None:
+        if is_lm_head(layer) and not self.from_checkpoint:
+            return   # online: the head is int8 (Int8PerTokenLinearMethod), no 4-bit tile to fit
         out_features, in_features = weight_shape(layer)
         if in_features % self.group_size:
             raise ValueError(f"gptq group_size={self.group_size} does not divide {prefix}'s in_features "
@@ -69,6 +74,8 @@ class GPTQConfig(QuantizationConfig):
                              f"{prefix} has {out_features}")
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        if is_lm_head(layer) and not self.from_checkpoint:
+            return Int8PerTokenLinearMethod()   # online: an 8-bit head (module docstring)
         if is_lm_head(layer) and not self.lm_head_quantized:
             return None
         return GPTQLinearMethod(self)

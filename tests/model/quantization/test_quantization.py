@@ -104,10 +104,10 @@ def test_method_apply_matches_dequantized_reference(config, dtype):
 
 # How many of the 4 first greedy tokens must match float32 on this random model (its logits are peaked, yet
 # 4-bit groups move them by a few tenths: 2 of 4 seen; int8's error is about 16x smaller: 4 of 4 seen).
-MIN_FIRST_TOKENS_EQUAL = {"int8_per_channel_weight_only": 4, "gptq": 2}
+MIN_FIRST_TOKENS_EQUAL = {"int8_per_channel_weight_only": 4, "int8_per_token": 3, "gptq": 2}
 
 
-@pytest.mark.parametrize("quantization", QUANTIZATION_METHODS)
+@pytest.mark.parametrize("quantization", [name for name in QUANTIZATION_METHODS if name != "gguf"])   # test_gguf.py
 def test_engine_runs_each_scheme_and_mostly_agrees_with_float(tiny_dir, quantization):
     float_out = LLM(model=str(tiny_dir), skip_tokenizer_init=True).generate(PROMPTS, GREEDY, use_tqdm=False)
     quant_llm = LLM(model=str(tiny_dir), skip_tokenizer_init=True, quantization=quantization)
@@ -205,10 +205,23 @@ def test_checkpoint_scheme_mini_lacks_is_refused(tiny_dir, tmp_path):
         LLM(model=str(bad), skip_tokenizer_init=True)
 
 
-def test_output_size_the_int4_kernel_cannot_hold_is_refused(tiny_llama_dir):
-    # The session's tiny model has a 211-token vocabulary: the quantized LM head would need a multiple of 16.
+def test_output_size_the_int4_kernel_cannot_hold_is_refused(tiny_llama_dir, tmp_path):
+    # The session's tiny model has a 211-token vocabulary: a 4-bit LM head would need a multiple of 16.
+    bad = _checkpoint_without_weights(tiny_llama_dir, tmp_path / "head", {"quant_method": "gptq", "bits": 4,
+                                                                          "group_size": 32, "lm_head": True})
     with pytest.raises(ValueError, match="out_features divisible by 16.*lm_head has 211"):
-        LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, quantization="gptq")
+        LLM(model=str(bad), skip_tokenizer_init=True)
+
+
+def test_online_gptq_gives_the_lm_head_8_bits(tiny_llama_dir):
+    from mini.model.quantization.int8_per_token import Int8PerTokenLinearMethod
+
+    llm = LLM(model=str(tiny_llama_dir), skip_tokenizer_init=True, quantization="gptq")   # vocabulary 211: fine
+    assert llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    config = GPTQConfig()
+    head = torch.nn.Embedding(211, 64)
+    assert isinstance(config.get_quant_method(head, "lm_head"), Int8PerTokenLinearMethod)
+    config.check_layer(head, "lm_head")   # no 4-bit tile to fit
 
 
 def test_the_quantization_parts_are_chosen_from_the_engine_config(tiny_dir, tmp_path, monkeypatch):
