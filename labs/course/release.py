@@ -380,25 +380,24 @@ def _backup(root: Path, relative: str, stamp: str) -> str:
     return str(target.relative_to(root))
 
 
-def _put_answers(content: bytes, answers: dict[str, str]) -> tuple[nbformat.NotebookNode, list[str]]:
-    """The notebook `content` with each answer cell whose grade id is in `answers` given that source.
-
-    Returns (notebook, the grade ids put in)."""
-    released = nbformat.reads(content.decode("utf-8"), as_version=4)
+def _put_answers(released: nbformat.NotebookNode, answers: dict[str, str]) -> list[str]:
+    """Give each answer cell of `released` whose grade id is in `answers` that source (in place); the grade ids
+    put in."""
     carried = []
     for cell in released.cells:
         if _is_answer_cell(cell) and _answer_id(cell) in answers:
             cell.source = answers[_answer_id(cell)]
             carried.append(_answer_id(cell))
-    return released, carried
+    return carried
 
 
 def _carry_answers(present: nbformat.NotebookNode, content: bytes) -> tuple[bytes, list[str], list[str]]:
     """The new release `content` with the learner's answers of `present` put back into their cells.
 
     Returns (content, grade ids carried over, what could not be carried)."""
-    answers = _filled_answers(present, nbformat.reads(content.decode("utf-8"), as_version=4))
-    released, carried = _put_answers(content, answers)
+    released = nbformat.reads(content.decode("utf-8"), as_version=4)
+    answers = _filled_answers(present, released)
+    carried = _put_answers(released, answers)
     lost = [f"answer cell {grade_id!r} (not in the new release)" for grade_id in answers if grade_id not in carried]
     lost += [f"a cell you added ({cell.get('cell_type')} cell {cell.get('id')!r})"
              for cell in _learner_cells(present, released)]
@@ -425,7 +424,8 @@ def _new_notebook(content: bytes, moved: dict[str, tuple[str, str]]) -> tuple[by
     """A notebook new to phases/, with the answers of a moved notebook whose grade ids it has.
 
     Returns (content, {old notebook: grade ids carried from it})."""
-    released, carried = _put_answers(content, {grade_id: source for grade_id, (source, _) in moved.items()})
+    released = nbformat.reads(content.decode("utf-8"), as_version=4)
+    carried = _put_answers(released, {grade_id: source for grade_id, (source, _) in moved.items()})
     if not carried:
         return content, {}
     origins: dict[str, list[str]] = {}
